@@ -1,0 +1,213 @@
+"""SEED actor: steps a vector of envs and asks the learner for every action.
+
+The actor holds no model and never imports JAX, so it starts fast and stays
+light. One gRPC message goes out per *vector* step (per-message cost
+dominates in Python gRPC), carrying all envs' rewards, flags and
+observations; the reply carries their actions.
+
+If the learner is not up yet or goes away, the actor reconnects with
+exponential backoff; every (re)connection uses a fresh run id and fresh
+episodes, so the learner drops whatever partial unrolls it held for us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from seedq.envs import make_vector_env
+from seedq.v1 import seed_pb2_grpc
+from seedq.wire import codec
+
+log = logging.getLogger("seedq.actor")
+
+# Errors that retrying cannot fix: our messages or spec are wrong.
+FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class FatalActorError(RuntimeError):
+    """The learner refused this actor for a reason reconnecting will not fix."""
+
+
+@dataclasses.dataclass
+class ActorStats:
+    """Counters an actor reports at exit (benchmarks read them)."""
+
+    frames: int = 0
+    steps: int = 0
+    connections: int = 0
+    env_seconds: float = 0.0
+    wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    # Round-trip latency of recent vector steps (seconds), a bounded ring.
+    _rtts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1 << 16))
+
+    def record_rtt(self, seconds: float) -> None:
+        self._rtts[self.steps % len(self._rtts)] = seconds
+        self.wait_seconds += seconds
+        self.steps += 1
+
+    def summary(self) -> dict:
+        rtts = self._rtts[: min(self.steps, len(self._rtts))]
+        elapsed = time.perf_counter() - self.started
+        return {
+            "frames": self.frames,
+            "vector_steps": self.steps,
+            "connections": self.connections,
+            "seconds": elapsed,
+            "frames_per_second": self.frames / elapsed if elapsed > 0 else 0.0,
+            "env_seconds": self.env_seconds,
+            "wait_seconds": self.wait_seconds,
+            "rtt_p50_ms": float(np.percentile(rtts, 50) * 1e3) if len(rtts) else None,
+            "rtt_p99_ms": float(np.percentile(rtts, 99) * 1e3) if len(rtts) else None,
+        }
+
+
+def channel_target(address: str) -> str:
+    """gRPC target for `unix:/path` or `host:port` addresses."""
+    if address.startswith(("unix:", "unix-abstract:")) or ":" in address:
+        return address
+    raise ValueError(f"server address {address!r}: expected unix:/path/to.sock or host:port")
+
+
+async def _serve_one_connection(stub, env, spec, *, actor_id, num_envs, env_id, seed, stats):
+    run_id = uuid.uuid4().hex
+    call = stub.Stream()
+    try:
+        await call.write(
+            codec.encode_handshake(
+                spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id
+            )
+        )
+        ack = await call.read()
+        if ack is grpc.aio.EOF:
+            raise ConnectionError("learner closed the stream during the handshake")
+        stats.connections += 1
+        log.info("actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.ack.learner_run)
+        obs, _ = env.reset(seed=seed)
+        rewards = np.zeros(num_envs, np.float32)
+        terminated = np.zeros(num_envs, bool)
+        truncated = np.zeros(num_envs, bool)
+        indices = np.arange(num_envs, dtype=np.int32)
+        while True:
+            sent = time.perf_counter()
+            await call.write(codec.encode_steps(indices, rewards, terminated, truncated, obs))
+            reply = await call.read()
+            received = time.perf_counter()
+            if reply is grpc.aio.EOF:
+                raise ConnectionError("learner closed the stream")
+            actions = codec.decode_actions(reply, spec, num_envs)
+            stats.record_rtt(received - sent)
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            stats.env_seconds += time.perf_counter() - received
+            stats.frames += num_envs
+    finally:
+        call.cancel()
+
+
+async def run_actor(
+    address: str,
+    env_id: str,
+    num_envs: int,
+    *,
+    actor_id: str,
+    seed: int = 0,
+    max_seconds: float = 0.0,
+    retry_max_seconds: float = 0.0,
+    stats: ActorStats | None = None,
+) -> ActorStats:
+    """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
+
+    `retry_max_seconds` > 0 gives up after that long without a connection.
+    """
+    stats = stats or ActorStats()
+    env = make_vector_env(env_id, num_envs)
+    spec = codec.spec_from_spaces(env.single_observation_space, env.single_action_space)
+    backoff, disconnected_since = 0.05, time.monotonic()
+    attempt = 0
+    try:
+        async with grpc.aio.insecure_channel(channel_target(address)) as channel:
+            stub = seed_pb2_grpc.LearnerStub(channel)
+            while True:
+                connections_before = stats.connections
+                try:
+                    # A fresh episode seed per connection, so a restart does
+                    # not replay the same episodes.
+                    await _serve_one_connection(
+                        stub, env, spec, actor_id=actor_id, num_envs=num_envs,
+                        env_id=env_id, seed=seed + 7919 * attempt, stats=stats,
+                    )
+                except grpc.aio.AioRpcError as e:
+                    if e.code() in FATAL_CODES:
+                        raise FatalActorError(f"learner refused actor {actor_id}: {e.details()}") from None
+                    reason = f"{e.code().name}: {e.details()}"
+                except ConnectionError as e:
+                    reason = str(e)
+                attempt += 1
+                if stats.connections > connections_before:
+                    # We had a learner and lost it: restart the backoff clock.
+                    backoff, disconnected_since = 0.05, time.monotonic()
+                now = time.monotonic()
+                if retry_max_seconds and now - disconnected_since > retry_max_seconds:
+                    raise ConnectionError(
+                        f"no learner at {address} for {retry_max_seconds:.0f}s ({reason}); giving up"
+                    )
+                log.info("actor %s: %s; retrying in %.2fs", actor_id, reason, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+    finally:
+        env.close()
+
+
+def main(args) -> int:
+    """Entry point of `seedq actor`; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    stats = ActorStats()
+    actor_id = args.actor_id or f"{os.uname().nodename}-{os.getpid()}"
+
+    async def _main():
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        coro = run_actor(
+            args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
+            retry_max_seconds=args.retry_max_seconds, stats=stats,
+        )
+        if args.max_seconds:
+            try:
+                await asyncio.wait_for(coro, args.max_seconds)
+            except asyncio.TimeoutError:
+                pass
+        else:
+            await coro
+
+    code = 0
+    try:
+        asyncio.run(_main())
+    except asyncio.CancelledError:
+        pass  # SIGTERM / SIGINT: a clean stop
+    except KeyboardInterrupt:
+        pass
+    except FatalActorError as e:
+        print(f"seedq actor: {e}", flush=True)
+        code = 2
+    except (ConnectionError, ValueError) as e:
+        print(f"seedq actor: {e}", flush=True)
+        code = 1
+    if args.stats_file:
+        tmp = args.stats_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(stats.summary(), f)
+        os.replace(tmp, args.stats_file)
+    return code

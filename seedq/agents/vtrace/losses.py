@@ -1,0 +1,214 @@
+"""V-trace targets and the IMPALA actor-critic losses, as pure JAX functions.
+
+Reference: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with
+Importance Weighted Actor-Learner Architectures", https://arxiv.org/abs/1802.01561
+
+Conventions used throughout:
+  * Arrays are time-major: `T` unroll steps, `B` batch elements, `A` actions.
+  * Step `s` is the transition x_s --a_s--> x_{s+1}: `v_tm1[s]` = V(x_s),
+    `v_t[s]` = V(x_{s+1}), `r_t[s]` and `discount_t[s]` belong to that
+    transition, and `rho_tm1[s]` = pi(a_s|x_s) / mu(a_s|x_s).
+  * Episode ends inside an unroll are expressed as `discount_t[s] = 0`, which
+    cuts both the bootstrap and the backward trace at that step.
+  * Losses sum over masked steps and divide by the total number of steps T*B
+    (a mean in which masked-out steps count as zero). Dividing by T*B rather
+    than by the mask count keeps each step's weight fixed, so the loss scale
+    depends neither on the batch size nor on how much of the batch is padding.
+"""
+
+from typing import NamedTuple, Union
+
+import chex
+import jax
+import jax.numpy as jnp
+
+Array = chex.Array
+Numeric = Union[chex.Array, float]
+
+
+class VTraceOutput(NamedTuple):
+    """Outputs of `vtrace`; both fields are [T, B] and gradient-stopped."""
+
+    targets: Array  # v_s: regression targets for the baseline.
+    pg_advantages: Array  # Importance-weighted advantages for the policy.
+
+
+def vtrace(
+    v_tm1: Array,
+    v_t: Array,
+    r_t: Array,
+    discount_t: Array,
+    rho_tm1: Array,
+    lambda_: Numeric = 1.0,
+    clip_rho_threshold: float = 1.0,
+    clip_pg_rho_threshold: float = 1.0,
+) -> VTraceOutput:
+    """V-trace targets and policy-gradient advantages for a batch of unrolls.
+
+    Targets follow IMPALA eq. 1, with per-step discounts:
+
+        v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{k=s}^{t-1} discount_k c_k) delta_t
+        delta_t = min(clip_rho_threshold, rho_t)
+                  * (r_t + discount_t V(x_{t+1}) - V(x_t))
+        c_k = lambda_ * min(1, rho_k)
+
+    i.e. the trace coefficient c is clipped at c-bar = 1 (as in SEED and rlax)
+    while rho in the TD terms is clipped at `clip_rho_threshold` (rho-bar).
+    V(x_T) is the bootstrap value `v_t[-1]`. The sum is evaluated with the
+    equivalent backward recursion
+    v_s - V(x_s) = delta_s + discount_s c_s (v_{s+1} - V(x_{s+1})).
+
+    Advantages use the rlax/Acme convention:
+
+        pg_advantages_s = min(clip_pg_rho_threshold, rho_s)
+                          * (r_s + discount_s q_bootstrap_s - V(x_s))
+        q_bootstrap_s = lambda_ v_{s+1} + (1 - lambda_) V(x_{s+1})  (s < T-1)
+        q_bootstrap_{T-1} = v_t[-1]
+
+    For lambda_ = 1 this is exactly the paper's advantage
+    rho_s (r_s + gamma_s v_{s+1} - V(x_s)); for lambda_ < 1 the next target is
+    mixed with the plain value estimate, the same way lambda_ enters the targets.
+
+    Both outputs are wrapped in `stop_gradient`: they are fixed regression
+    targets and policy-gradient weights, so gradients flow only through the
+    caller's own use of its values and logits.
+
+    Args:
+      v_tm1: V(x_s), values at the start of each step, [T, B].
+      v_t: V(x_{s+1}), values at the end of each step, [T, B]; `v_t[-1]` is the
+        bootstrap value. Expected to satisfy `v_t[:-1] == v_tm1[1:]`.
+      r_t: rewards, [T, B].
+      discount_t: discounts (gamma, or 0 at episode ends), [T, B].
+      rho_tm1: importance ratios pi(a_s|x_s) / mu(a_s|x_s), [T, B].
+      lambda_: trace mixing parameter, a scalar or a [T, B] array.
+      clip_rho_threshold: rho-bar, clip for rho in the TD terms of the targets.
+      clip_pg_rho_threshold: clip for rho in the policy-gradient advantages.
+
+    Returns:
+      VTraceOutput(targets [T, B], pg_advantages [T, B]).
+    """
+    chex.assert_rank([v_tm1, v_t, r_t, discount_t, rho_tm1], 2)
+    chex.assert_equal_shape([v_tm1, v_t, r_t, discount_t, rho_tm1])
+    chex.assert_type([v_tm1, v_t, r_t, discount_t, rho_tm1], float)
+
+    # Broadcasting a scalar lambda_ lets scalar and per-step lambdas share one
+    # code path (a [T, B] lambda_ can switch traces off at chosen steps).
+    lambda_ = jnp.broadcast_to(
+        jnp.asarray(lambda_, dtype=v_tm1.dtype), v_tm1.shape)
+
+    c_tm1 = lambda_ * jnp.minimum(1.0, rho_tm1)
+    clipped_rho_tm1 = jnp.minimum(clip_rho_threshold, rho_tm1)
+    deltas = clipped_rho_tm1 * (r_t + discount_t * v_t - v_tm1)
+    # How much of the correction at step s+1 is carried back to step s.
+    decay_tm1 = discount_t * c_tm1
+
+    def _backward_step(next_correction, xs):
+        delta, decay = xs
+        correction = delta + decay * next_correction  # = v_s - V(x_s)
+        return correction, correction
+
+    # The carry is [B], so the scan over time handles the whole batch at once.
+    # Past the end of the unroll there is nothing to correct: start from zero.
+    _, corrections = jax.lax.scan(
+        _backward_step, jnp.zeros_like(v_tm1[0]), (deltas, decay_tm1),
+        reverse=True)
+    targets = jax.lax.stop_gradient(v_tm1 + corrections)
+
+    # The last step has no v_{s+1} inside the unroll; it bootstraps from V(x_T).
+    q_bootstrap = jnp.concatenate([
+        lambda_[:-1] * targets[1:] + (1.0 - lambda_[:-1]) * v_tm1[1:],
+        v_t[-1:],
+    ], axis=0)
+    clipped_pg_rho_tm1 = jnp.minimum(clip_pg_rho_threshold, rho_tm1)
+    pg_advantages = clipped_pg_rho_tm1 * (
+        r_t + discount_t * q_bootstrap - v_tm1)
+    return VTraceOutput(
+        targets=targets, pg_advantages=jax.lax.stop_gradient(pg_advantages))
+
+
+def categorical_log_prob(logits: Array, actions: Array) -> Array:
+    """log pi(a|x) under the softmax policy given by `logits`.
+
+    Args:
+      logits: unnormalised log-probabilities, [..., A].
+      actions: integer action indices, [...].
+
+    Returns:
+      log-probabilities of `actions`, [...].
+    """
+    chex.assert_rank(logits, actions.ndim + 1)
+    chex.assert_equal_shape_prefix([logits, actions], actions.ndim)
+    chex.assert_type(actions, int)
+    log_pi = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(log_pi, actions[..., None], axis=-1)[..., 0]
+
+
+def _masked_mean(x: Array, mask: Array) -> Array:
+    """sum(x * mask) / x.size; see the module docstring for why x.size."""
+    chex.assert_equal_shape([x, mask])
+    return jnp.sum(x * mask.astype(x.dtype)) / x.size
+
+
+def policy_gradient_loss(
+    logits: Array,
+    actions: Array,
+    advantages: Array,
+    mask: Array,
+) -> Array:
+    """Policy-gradient loss: -sum(mask * log pi(a|x) * advantages) / (T*B).
+
+    Args:
+      logits: policy logits, [T, B, A].
+      actions: actions taken, integer [T, B].
+      advantages: e.g. `VTraceOutput.pg_advantages`, [T, B].
+      mask: 1 (or True) where a step counts, 0 where it does not, [T, B].
+
+    Returns:
+      scalar loss.
+    """
+    chex.assert_rank([logits, actions, advantages, mask], [3, 2, 2, 2])
+    chex.assert_equal_shape([actions, advantages, mask])
+    log_pi_a = categorical_log_prob(logits, actions)
+    # Advantages weight the score function; they are not something to fit.
+    return -_masked_mean(log_pi_a * jax.lax.stop_gradient(advantages), mask)
+
+
+def baseline_loss(values: Array, targets: Array, mask: Array) -> Array:
+    """Baseline loss: 0.5 * sum(mask * (targets - values)^2) / (T*B).
+
+    Args:
+      values: predicted V(x_s), [T, B].
+      targets: e.g. `VTraceOutput.targets`, [T, B].
+      mask: 1 (or True) where a step counts, 0 where it does not, [T, B].
+
+    Returns:
+      scalar loss.
+    """
+    chex.assert_rank([values, targets, mask], 2)
+    chex.assert_equal_shape([values, targets, mask])
+    # Values regress towards fixed targets; no gradient goes into the targets.
+    errors = jax.lax.stop_gradient(targets) - values
+    return _masked_mean(0.5 * jnp.square(errors), mask)
+
+
+def entropy_loss(logits: Array, mask: Array) -> Array:
+    """Negative policy entropy: sum(mask * sum_a pi log pi) / (T*B).
+
+    Minimising this loss increases the entropy of the softmax policy.
+
+    Args:
+      logits: policy logits, [T, B, A].
+      mask: 1 (or True) where a step counts, 0 where it does not, [T, B].
+
+    Returns:
+      scalar loss.
+    """
+    chex.assert_rank([logits, mask], [3, 2])
+    chex.assert_equal_shape_prefix([logits, mask], 2)
+    log_pi = jax.nn.log_softmax(logits, axis=-1)
+    pi = jnp.exp(log_pi)
+    # Actions with -inf logits (pi = 0) must contribute 0, not 0 * -inf = nan;
+    # zeroing log_pi (not the product) keeps the gradient finite as well.
+    safe_log_pi = jnp.where(pi > 0, log_pi, 0.0)
+    neg_entropy = jnp.sum(pi * safe_log_pi, axis=-1)
+    return _masked_mean(neg_entropy, mask)

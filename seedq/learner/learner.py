@@ -1,0 +1,165 @@
+"""The learner process: gRPC inference server plus the training loop.
+
+Threads:
+  * server thread: an asyncio loop running the gRPC server and the dynamic
+    batcher (all per-env state lives here);
+  * training thread: queue -> prefetch -> jitted update -> publish params
+    (`_train_loop`, readable top to bottom);
+  * the caller's thread: starts/stops, and reads `progress()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+
+import jax
+
+from seedq.agents.vtrace.agent import VTraceAgent
+from seedq.config import TrainConfig
+from seedq.envs import env_spec
+from seedq.server.env_table import EnvTable, EpisodeLog
+from seedq.server.inference import InferenceServer
+from seedq.server.service import LearnerService, start_server
+from seedq.server.unrolls import QueueClosed, UnrollQueue
+
+log = logging.getLogger("seedq.learner")
+
+
+def make_agent(config: TrainConfig, spec):
+    if config.agent == "vtrace":
+        return VTraceAgent(spec, config.vtrace)
+    raise ValueError(f"agent={config.agent!r} is not available")
+
+
+class Learner:
+    def __init__(self, config: TrainConfig, address: str):
+        self.config = config
+        self.requested_address = address
+        self.address: str | None = None
+        self.spec = env_spec(config.env)
+        self.agent = make_agent(config, self.spec)
+        rng = jax.random.PRNGKey(config.seed)
+        init_rng, act_rng = jax.random.split(rng)
+        self.state = self.agent.init(init_rng)
+        self.version = 0
+        self.episodes = EpisodeLog(window=config.return_window)
+        self.table = EnvTable(self.episodes)
+        self.queue = UnrollQueue(config.server.queue_capacity_unrolls)
+        self.inference = InferenceServer(
+            self.agent,
+            self.spec,
+            self.table,
+            self.queue,
+            unroll_length=config.vtrace.unroll_length,
+            max_batch_size=config.server.max_batch_size,
+            batch_timeout_ms=config.server.batch_timeout_ms,
+            rng=act_rng,
+        )
+        self.inference.publish(self.agent.inference_params(self.state), self.version)
+        self.learner_run = uuid.uuid4().hex[:12]
+        self.train_steps = 0
+        self.trained_frames = 0
+        self.last_metrics: dict | None = None
+        self._metrics_pending = None
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server_ready = threading.Event()
+        self._server_error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self._update = jax.jit(self.agent.update)
+
+    # --- lifecycle ---
+
+    def start(self, train: bool = True) -> str:
+        """Starts serving (and training); returns the address actors dial."""
+        server_thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
+        server_thread.start()
+        self._threads.append(server_thread)
+        self._server_ready.wait()
+        if self._server_error is not None:
+            raise self._server_error
+        if train:
+            trainer = threading.Thread(target=self._train_loop, name="seedq-train", daemon=True)
+            trainer.start()
+            self._threads.append(trainer)
+        return self.address
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.close()
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._shutdown_event.set)
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    # --- server thread ---
+
+    def _serve(self) -> None:
+        asyncio.run(self._serve_async())
+
+    async def _serve_async(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._shutdown_event = asyncio.Event()
+        service = LearnerService(self.inference, self.learner_run)
+        try:
+            server, self.address = await start_server(service, self.requested_address)
+        except BaseException as e:  # reported to start()
+            self._server_error = e
+            self._server_ready.set()
+            return
+        batcher = asyncio.create_task(self.inference.run())
+        self._server_ready.set()
+        try:
+            await self._shutdown_event.wait()
+        finally:
+            await server.stop(grace=0.5)
+            batcher.cancel()
+
+    # --- training thread ---
+
+    def _train_loop(self) -> None:
+        batch_size = self.config.vtrace.batch_size
+        frames_per_batch = batch_size * self.config.vtrace.unroll_length
+        try:
+            batch = self._next_batch(batch_size)
+            while batch is not None:
+                # Dispatch is asynchronous: the update runs while we fetch and
+                # transfer the next batch (prefetching).
+                self.state, metrics = self._update(self.state, batch)
+                self.version += 1
+                self.inference.publish(self.agent.inference_params(self.state), self.version)
+                self.train_steps += 1
+                self.trained_frames += frames_per_batch
+                self._metrics_pending = metrics
+                batch = self._next_batch(batch_size)
+        except QueueClosed:
+            pass
+        except Exception as e:
+            log.exception("training failed")
+            self.error = e
+            self._stop.set()
+
+    def _next_batch(self, batch_size: int):
+        while not self._stop.is_set():
+            batch = self.queue.get(batch_size, timeout=0.2)
+            if batch is not None:
+                return jax.device_put(batch)
+        return None
+
+    # --- reporting (caller's thread) ---
+
+    def metrics(self) -> dict:
+        """Latest training metrics as floats (blocks on the newest update)."""
+        pending = self._metrics_pending
+        if pending is not None:
+            self.last_metrics = {k: float(v) for k, v in jax.device_get(pending).items()}
+        return dict(self.last_metrics or {})
+
+    def params_numpy(self):
+        return jax.device_get(self.state)
+

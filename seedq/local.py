@@ -1,0 +1,106 @@
+"""Local single-host mode: `seedq train` = this learner + N actor processes.
+
+The actors are separate OS processes (as on a real cluster) talking to the
+learner over a unix-domain socket. They are started first, so their Python
+start-up overlaps the learner's JAX start-up; they retry until it listens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from seedq import config as config_lib
+from seedq.config import TrainConfig
+from seedq.learner.learner import Learner
+from seedq.learner.reporting import RunReporter
+
+log = logging.getLogger("seedq.local")
+
+
+def actor_command(address: str, config: TrainConfig, index: int, stats_file: str | None = None) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "seedq.cli", "actor",
+        "--server", address,
+        "--env", config.env,
+        "--num-envs", str(config.envs_per_actor),
+        "--actor-id", f"local-{index}",
+        "--seed", str(config.seed * 1000 + index),
+        # Local actors die with their learner rather than waiting for a new one.
+        "--retry-max-seconds", "30",
+    ]
+    if stats_file:
+        cmd += ["--stats-file", stats_file]
+    return cmd
+
+
+def spawn_actors(address: str, config: TrainConfig, stats_dir: str | None = None) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(config.num_actors):
+        stats = os.path.join(stats_dir, f"actor-{i}.json") if stats_dir else None
+        procs.append(subprocess.Popen(actor_command(address, config, i, stats)))
+    return procs
+
+
+def stop_actors(procs: list[subprocess.Popen], timeout: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def default_address() -> str:
+    # Unix socket paths are limited to ~108 bytes, so not inside the run dir.
+    return f"unix:{tempfile.gettempdir()}/seedq-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+
+
+def train(config: TrainConfig, *, quiet: bool = False) -> dict:
+    """Runs a full local training run; returns the summary written to summary.json."""
+    started = time.monotonic()
+    config = config.resolved()
+    config.validate()
+    os.makedirs(config.logdir, exist_ok=True)
+    config_lib.save(config, os.path.join(config.logdir, "config.json"))
+    address = config.address or default_address()
+
+    actors = spawn_actors(address, config)
+    learner = None
+    reporter = None
+    stop_reason = "error"
+    try:
+        learner = Learner(config, address)
+        learner.start()
+        reporter = RunReporter(config, learner, started, quiet=quiet)
+        stop_reason = reporter.run_until_done(actors)
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"
+        if not quiet:
+            print("\ninterrupted: stopping actors and saving what was collected", flush=True)
+    finally:
+        stop_actors(actors)
+        if learner is not None:
+            learner.stop()
+        if address.startswith("unix:") and os.path.exists(address[5:]):
+            os.unlink(address[5:])
+    summary = reporter.finish(stop_reason) if reporter is not None else None
+    if summary is None:
+        raise RuntimeError("the learner failed to start; see the log above")
+    return summary
+
+
+def read_summary(logdir: str) -> dict:
+    with open(os.path.join(logdir, "summary.json")) as f:
+        return json.load(f)

@@ -1,0 +1,148 @@
+"""Per-env state on the learner, keyed by (actor_id, env_index).
+
+Each connected actor owns a contiguous block of *slots*; slot = block start +
+env index, so a request's envs map to slots with one vectorised add and every
+per-env array (episode return, previous done, recurrent state, the unroll
+under construction) is indexed by slot. A new run id from a known actor means
+it restarted: its previous block is released (partial unrolls dropped) and a
+fresh one is handed out.
+
+Everything here runs on the server's event-loop thread, except
+`EpisodeLog`, which the progress/metrics thread also reads (hence its lock).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import numpy as np
+
+
+@dataclasses.dataclass(eq=False)
+class ActorEntry:
+    actor_id: str
+    run_id: str
+    num_envs: int
+    first_slot: int
+    closed: bool = False
+
+    @property
+    def slots(self) -> np.ndarray:
+        return np.arange(self.first_slot, self.first_slot + self.num_envs)
+
+
+class EpisodeLog:
+    """Completed episodes (return, length), bounded; thread-safe."""
+
+    def __init__(self, window: int = 100, history: int = 100_000):
+        self._window = window
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=window)
+        # Full history of (frames_at_end, return) for curves; bounded.
+        self.history: collections.deque[tuple[int, float]] = collections.deque(maxlen=history)
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray, frames: int) -> None:
+        with self._lock:
+            for r, n in zip(returns.tolist(), lengths.tolist()):
+                self._recent.append(r)
+                self._lengths.append(n)
+                self.history.append((frames, r))
+            self.count += len(returns)
+
+    def snapshot(self) -> tuple[int, float | None, float | None, bool]:
+        """(episodes, mean return, mean length over the window, window full)."""
+        with self._lock:
+            if not self._recent:
+                return self.count, None, None, False
+            return (
+                self.count,
+                float(np.mean(self._recent)),
+                float(np.mean(self._lengths)),
+                len(self._recent) == self._window,
+            )
+
+
+class EnvTable:
+    def __init__(self, episode_log: EpisodeLog):
+        self.episodes = episode_log
+        self._actors: dict[str, ActorEntry] = {}
+        self._free: list[tuple[int, int]] = []  # (first_slot, size) blocks
+        self._next_slot = 0
+        self.runs_started = 0
+        self.runs_dropped = 0
+        self.frames = 0
+        self._episode_return = np.zeros(0, np.float64)
+        self._episode_length = np.zeros(0, np.int64)
+        self._needs_reset = np.zeros(0, bool)  # next step of this slot starts an episode
+
+    @property
+    def num_slots(self) -> int:
+        return self._next_slot
+
+    def connected(self) -> list[ActorEntry]:
+        return [e for e in self._actors.values() if not e.closed]
+
+    def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
+        """Registers a (re)started actor; returns (entry, the superseded entry or None)."""
+        old = self._actors.get(actor_id)
+        if old is not None and not old.closed and old.run_id == run_id:
+            raise ValueError(f"actor {actor_id!r} run {run_id!r} is already connected")
+        if old is not None and not old.closed:
+            self.release(old)
+        entry = ActorEntry(actor_id, run_id, num_envs, self._allocate(num_envs))
+        self._needs_reset[entry.slots] = True
+        self._actors[actor_id] = entry
+        self.runs_started += 1
+        return entry, old
+
+    def release(self, entry: ActorEntry) -> np.ndarray | None:
+        """Marks the entry closed and frees its slots; returns them (None if already closed)."""
+        if entry.closed:
+            return None
+        entry.closed = True
+        self.runs_dropped += 1
+        self._free.append((entry.first_slot, entry.num_envs))
+        if self._actors.get(entry.actor_id) is entry:
+            del self._actors[entry.actor_id]
+        return entry.slots
+
+    def _allocate(self, size: int) -> int:
+        for i, (start, block) in enumerate(self._free):
+            if block >= size:
+                if block == size:
+                    self._free.pop(i)
+                else:
+                    self._free[i] = (start + size, block - size)
+                return start
+        start = self._next_slot
+        self._next_slot += size
+        if self._next_slot > len(self._needs_reset):
+            grow = max(self._next_slot, 2 * len(self._needs_reset))
+            self._episode_return = np.resize(self._episode_return, grow)
+            self._episode_length = np.resize(self._episode_length, grow)
+            self._needs_reset = np.resize(self._needs_reset, grow)
+        return start
+
+    def observe(
+        self, slots: np.ndarray, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> np.ndarray:
+        """Books one env step per slot; returns `first` flags (step starts an episode).
+
+        The reward arriving with a first step belongs to no episode (it is the
+        reset step's 0, or nothing at all on connection).
+        """
+        first = self._needs_reset[slots]
+        ret = np.where(first, 0.0, self._episode_return[slots] + rewards)
+        length = np.where(first, 0, self._episode_length[slots] + 1)
+        ended = (terminated | truncated) & ~first
+        self._episode_return[slots] = ret
+        self._episode_length[slots] = length
+        self._needs_reset[slots] = ended
+        self.frames += len(slots)
+        if ended.any():
+            self.episodes.add(ret[ended], length[ended], self.frames)
+        return first

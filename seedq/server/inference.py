@@ -1,0 +1,245 @@
+"""Central batched inference: the dynamic batcher and the jitted policy call.
+
+Stream handlers `submit` one decoded StepBatch each and await its actions.
+The batch loop gathers requests across streams until it holds
+`max_batch_size` env steps, every connected stream has a request waiting, or
+`batch_timeout_ms` passed since the first one arrived; then it runs a single
+jitted inference call padded to a fixed bucket size (so steady state never
+recompiles), books the step into every env's unroll, hands finished unrolls
+to the learner queue (waiting while it is full: backpressure), and answers.
+
+All of this runs on the server's asyncio thread; only `publish` is called from
+the training thread (an atomic swap of the (params, version) pair).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seedq.server.env_table import ActorEntry, EnvTable
+from seedq.server.unrolls import UnrollQueue, UnrollStore
+from seedq.wire.codec import EnvSpec, Steps
+
+log = logging.getLogger("seedq.server")
+
+
+def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to (and including) max_batch_size."""
+    sizes, size = [], smallest
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_batch_size)
+    return tuple(sizes)
+
+
+@dataclasses.dataclass
+class _Request:
+    entry: ActorEntry
+    steps: Steps
+    future: asyncio.Future
+
+
+@dataclasses.dataclass
+class InferenceStats:
+    """Running counters, read by the metrics thread (plain ints/floats)."""
+
+    batches: int = 0
+    env_steps: int = 0
+    padded_steps: int = 0
+    busy_seconds: float = 0.0
+    backpressure_seconds: float = 0.0
+    compiles: int = 0
+
+    def mean_batch_size(self) -> float:
+        return self.env_steps / self.batches if self.batches else 0.0
+
+
+class InferenceServer:
+    def __init__(
+        self,
+        agent,
+        spec: EnvSpec,
+        table: EnvTable,
+        queue: UnrollQueue,
+        *,
+        unroll_length: int,
+        max_batch_size: int,
+        batch_timeout_ms: float,
+        rng: jax.Array,
+    ):
+        self.agent = agent
+        self.spec = spec
+        self.table = table
+        self.queue = queue
+        self.max_batch_size = max_batch_size
+        self.timeout = batch_timeout_ms / 1000.0
+        self.buckets = bucket_sizes(max_batch_size)
+        self.store = UnrollStore(unroll_length, self._step_fields(agent, spec))
+        self.stats = InferenceStats()
+        self._rng = rng
+        self._published: tuple[object, int] | None = None
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._pending_steps = 0
+        self._has_work: asyncio.Event | None = None
+        self._act = jax.jit(agent.act)
+        self._compiled: set[int] = set()
+
+    @staticmethod
+    def _step_fields(agent, spec: EnvSpec):
+        from seedq.agents.base import StepFieldSpec
+
+        fields = {
+            "obs": StepFieldSpec(spec.obs_shape, np.dtype(spec.obs_dtype)),
+            "reward": StepFieldSpec((), np.float32),
+            "terminated": StepFieldSpec((), bool),
+            "truncated": StepFieldSpec((), bool),
+            "first": StepFieldSpec((), bool),
+            "action": StepFieldSpec(spec.action_shape, spec.action_dtype),
+        }
+        fields.update(agent.act_outputs())
+        return fields
+
+    # --- called from the training thread ---
+
+    def publish(self, params, version: int) -> None:
+        """Makes `params` the policy for every following inference batch."""
+        self._published = (params, version)
+
+    @property
+    def policy_version(self) -> int:
+        return self._published[1] if self._published else -1
+
+    # --- stream side (event-loop thread) ---
+
+    def release(self, entry: ActorEntry) -> None:
+        """Actor gone or restarted: forget its envs and its partial unrolls."""
+        slots = self.table.release(entry)
+        if slots is not None:
+            self.store.drop(slots)
+
+    async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
+        """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(entry, steps, future))
+        self._pending_steps += len(steps)
+        self._has_work.set()
+        return await future
+
+    async def run(self) -> None:
+        """The batch loop; runs until cancelled."""
+        self._has_work = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._has_work.wait()
+            deadline = loop.time() + self.timeout
+            # Wait for more streams while some connected ones have no request queued.
+            while self._pending_steps < self.max_batch_size and len(self._pending) < len(
+                self.table.connected()
+            ):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._has_work.clear()
+                try:
+                    await asyncio.wait_for(self._has_work.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            batch = self._take_batch()
+            if not self._pending:
+                self._has_work.clear()
+            if batch:
+                await self._run_batch(batch)
+
+    def _take_batch(self) -> list[_Request]:
+        batch, steps = [], 0
+        while self._pending:
+            request = self._pending[0]
+            if batch and steps + len(request.steps) > self.max_batch_size:
+                break
+            self._pending.popleft()
+            self._pending_steps -= len(request.steps)
+            if request.entry.closed or request.future.done():
+                continue  # its stream ended while it waited
+            batch.append(request)
+            steps += len(request.steps)
+        return batch
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        started = time.perf_counter()
+        try:
+            actions, version, unrolls = self._infer(batch)
+        except Exception as e:  # never leave a stream hanging on a bad batch
+            log.exception("inference failed")
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(e)
+            return
+        if unrolls is not None and not self.queue.try_put(unrolls):
+            waited = time.perf_counter()
+            await asyncio.get_running_loop().run_in_executor(None, self.queue.put, unrolls)
+            self.stats.backpressure_seconds += time.perf_counter() - waited
+        offset = 0
+        for request in batch:
+            n = len(request.steps)
+            if not request.future.done():
+                request.future.set_result((actions[offset : offset + n], version))
+            offset += n
+        self.stats.busy_seconds += time.perf_counter() - started
+
+    def _infer(self, batch: list[_Request]):
+        if len(batch) == 1:
+            steps = batch[0].steps
+            slots = batch[0].entry.first_slot + steps.env_indices
+            obs, rewards = steps.observations, steps.rewards
+            terminated, truncated = steps.terminated, steps.truncated
+        else:
+            slots = np.concatenate([r.entry.first_slot + r.steps.env_indices for r in batch])
+            obs = np.concatenate([r.steps.observations for r in batch])
+            rewards = np.concatenate([r.steps.rewards for r in batch])
+            terminated = np.concatenate([r.steps.terminated for r in batch])
+            truncated = np.concatenate([r.steps.truncated for r in batch])
+        n = len(slots)
+        first = self.table.observe(slots, rewards, terminated, truncated)
+
+        size = next((b for b in self.buckets if b >= n), None)
+        if size is None:  # a single actor with more envs than max_batch_size
+            size = n
+        if size not in self._compiled:
+            self._compiled.add(size)
+            self.stats.compiles += 1
+            log.info("compiling inference for batch size %d", size)
+        padded_obs = np.zeros((size, *obs.shape[1:]), obs.dtype)
+        padded_obs[:n] = obs
+        padded_first = np.ones(size, bool)
+        padded_first[:n] = first
+        params, version = self._published
+        actions, outputs, self._rng = self._act(params, self._rng, padded_obs, padded_first)
+        actions = np.asarray(actions)[:n]
+        outputs = {k: np.asarray(v)[:n] for k, v in outputs.items()}
+
+        self.store.ensure_capacity(self.table.num_slots)
+        unrolls = self.store.append(
+            slots,
+            {
+                "obs": obs,
+                "reward": rewards,
+                "terminated": terminated,
+                "truncated": truncated,
+                "first": first,
+                "action": actions,
+                **outputs,
+            },
+        )
+        self.stats.batches += 1
+        self.stats.env_steps += n
+        self.stats.padded_steps += size
+        return actions, version, unrolls

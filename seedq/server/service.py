@@ -1,0 +1,105 @@
+"""The gRPC side of the learner: one bidirectional stream per actor.
+
+Protocol errors (bad handshake, unknown env index, wrong byte length, spec
+mismatch) end only the offending stream, with INVALID_ARGUMENT and a message
+that names the field; every other stream keeps being served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import grpc
+
+from seedq.server.inference import InferenceServer
+from seedq.v1 import seed_pb2, seed_pb2_grpc
+from seedq.wire import codec
+
+log = logging.getLogger("seedq.server")
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class LearnerService(seed_pb2_grpc.LearnerServicer):
+    def __init__(self, inference: InferenceServer, learner_run: str):
+        self.inference = inference
+        self.learner_run = learner_run
+
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+        message = await context.read()
+        if message is grpc.aio.EOF:
+            return
+        try:
+            handshake, actor_spec = codec.decode_handshake(message)
+            mismatch = self.inference.spec.describe_mismatch(actor_spec)
+            if mismatch:
+                raise codec.ProtocolError(
+                    "handshake." + mismatch.split(":", 1)[0], mismatch.split(":", 1)[1].strip()
+                )
+            entry, superseded = self.inference.table.connect(
+                handshake.actor_id, handshake.run_id, handshake.num_envs
+            )
+        except (codec.ProtocolError, ValueError) as e:
+            log.warning("refused a stream: %s", e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            return
+        if superseded is not None:
+            log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
+            self.inference.release(superseded)
+        self.inference.store.ensure_capacity(self.inference.table.num_slots)
+        self.inference.store.drop(entry.slots)
+        log.info("actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
+        try:
+            await context.write(
+                seed_pb2.LearnerMessage(
+                    ack=seed_pb2.HandshakeAck(
+                        protocol_version=codec.PROTOCOL_VERSION, learner_run=self.learner_run
+                    )
+                )
+            )
+            while True:
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    return
+                if entry.closed:
+                    await context.abort(
+                        grpc.StatusCode.ABORTED,
+                        f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
+                    )
+                try:
+                    steps = codec.decode_steps(message, self.inference.spec, entry.num_envs)
+                except codec.ProtocolError as e:
+                    log.warning("actor %s sent a bad message: %s", entry.actor_id, e)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                actions, version = await self.inference.submit(entry, steps)
+                await context.write(codec.encode_actions(actions, self.inference.spec, version))
+        finally:
+            # Stream over (clean end, error, or actor killed): drop its partial unrolls.
+            self.inference.release(entry)
+
+
+async def start_server(service: LearnerService, address: str) -> tuple[grpc.aio.Server, str]:
+    """Starts serving `address` (unix:/path, or host:port with port 0 for any free one).
+
+    Returns the running server and the address actors should dial.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if os.path.exists(path):
+            os.unlink(path)  # a stale socket from a crashed learner
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not listen on {address}")
+    await server.start()
+    if not address.startswith("unix"):
+        address = f"{address.rsplit(':', 1)[0]}:{port}"
+    return server, address

@@ -1,0 +1,161 @@
+"""Unroll assembly on the learner and the bounded queue into training.
+
+`UnrollStore` keeps one unroll under construction per env slot, in
+preallocated arrays [slots, T+1, ...], so appending a whole inference batch is
+a handful of vectorised writes. A finished unroll keeps its last step as the
+first step of the next one (one-step overlap: the last observation is the
+V-trace bootstrap of one unroll and the first input of the next).
+
+`UnrollQueue` is the bounded hand-off to the training thread: when it is
+full, `put` blocks (the inference loop then stops answering actors), so a
+learner that falls behind slows acting down instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+from seedq.agents.base import StepFieldSpec
+
+
+class UnrollStore:
+    def __init__(self, unroll_length: int, fields: dict[str, StepFieldSpec], capacity: int = 64):
+        if unroll_length < 1:
+            raise ValueError(f"unroll_length={unroll_length}: must be >= 1")
+        self.length = unroll_length + 1  # T+1 steps: T transitions plus the bootstrap step
+        self.fields = dict(fields)
+        self._buffers = {
+            name: np.zeros((capacity, self.length, *spec.shape), spec.dtype)
+            for name, spec in self.fields.items()
+        }
+        self._position = np.zeros(capacity, np.int64)
+
+    @property
+    def capacity(self) -> int:
+        return len(self._position)
+
+    def ensure_capacity(self, num_slots: int) -> None:
+        """Grows the slot arrays (doubling) so that slots [0, num_slots) exist."""
+        if num_slots <= self.capacity:
+            return
+        new = max(num_slots, 2 * self.capacity)
+        for name, buf in self._buffers.items():
+            grown = np.zeros((new, *buf.shape[1:]), buf.dtype)
+            grown[: len(buf)] = buf
+            self._buffers[name] = grown
+        position = np.zeros(new, np.int64)
+        position[: self.capacity] = self._position
+        self._position = position
+
+    def drop(self, slots: np.ndarray) -> None:
+        """Discards the partial unrolls of `slots` (actor gone or restarted)."""
+        self._position[slots] = 0
+
+    def partial_steps(self, slots: np.ndarray) -> np.ndarray:
+        """Steps currently held for each slot's unroll under construction."""
+        return self._position[slots].copy()
+
+    def append(self, slots: np.ndarray, step: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Writes one step for each of `slots` (unique); returns finished unrolls.
+
+        step: name -> [n, *shape] for every field. Returns name -> [k, T+1, *shape]
+        for the k slots whose unroll this step completed, or None.
+        """
+        if step.keys() != self._buffers.keys():
+            raise KeyError(f"step fields {sorted(step)} != store fields {sorted(self._buffers)}")
+        position = self._position[slots]
+        for name, values in step.items():
+            self._buffers[name][slots, position] = values
+        position += 1
+        self._position[slots] = position
+        full = position == self.length
+        if not full.any():
+            return None
+        done = slots[full]
+        unrolls = {name: buf[done] for name, buf in self._buffers.items()}  # fancy index: a copy
+        for buf in self._buffers.values():
+            buf[done, 0] = buf[done, -1]
+        self._position[done] = 1
+        return unrolls
+
+
+class QueueClosed(Exception):
+    pass
+
+
+class UnrollQueue:
+    """Bounded FIFO of unrolls, filled in chunks and drained in batches."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
+        self._size = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def try_put(self, chunk: dict[str, np.ndarray]) -> bool:
+        """Adds the chunk if there is room; never blocks."""
+        with self._cond:
+            if self._closed:
+                raise QueueClosed()
+            if self._size and self._size + _count(chunk) > self.capacity:
+                return False
+            self._append(chunk)
+            return True
+
+    def put(self, chunk: dict[str, np.ndarray], timeout: float | None = None) -> bool:
+        """Blocks until there is room (an oversize chunk is let in when the queue is empty)."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._closed or not self._size or self._size + _count(chunk) <= self.capacity,
+                timeout,
+            )
+            if self._closed:
+                raise QueueClosed()
+            if ok:
+                self._append(chunk)
+            return ok
+
+    def get(self, batch_size: int, timeout: float | None = None) -> dict[str, np.ndarray] | None:
+        """Exactly `batch_size` unrolls stacked along axis 0, or None on timeout/close."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
+                return None
+            if self._size < batch_size:
+                return None  # closed
+            parts, need = [], batch_size
+            while need:
+                chunk = self._chunks[0]
+                k = _count(chunk)
+                if k <= need:
+                    parts.append(self._chunks.popleft())
+                    need -= k
+                else:
+                    parts.append({n: a[:need] for n, a in chunk.items()})
+                    self._chunks[0] = {n: a[need:] for n, a in chunk.items()}
+                    need = 0
+            self._size -= batch_size
+            self._cond.notify_all()
+        if len(parts) == 1:
+            return parts[0]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _append(self, chunk):
+        self._chunks.append(chunk)
+        self._size += _count(chunk)
+        self._cond.notify_all()
+
+
+def _count(chunk: dict[str, np.ndarray]) -> int:
+    return len(next(iter(chunk.values())))

@@ -1,0 +1,278 @@
+"""Encoding and validation of the seedq.v1 wire messages.
+
+Arrays travel as raw little-endian bytes (one `np.frombuffer` to decode), with
+the observation dtype/shape fixed once per stream by the handshake. Every
+check raises `ProtocolError` naming the offending field, which the server
+turns into gRPC INVALID_ARGUMENT for that stream only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seedq.v1 import seed_pb2
+
+PROTOCOL_VERSION = 1
+
+ENV_INDEX_DTYPE = np.dtype("<i4")
+REWARD_DTYPE = np.dtype("<f4")
+FLAG_DTYPE = np.dtype("u1")
+DISCRETE_ACTION_DTYPE = np.dtype("<i4")
+CONTINUOUS_ACTION_DTYPE = np.dtype("<f4")
+
+
+class ProtocolError(ValueError):
+    """A message that violates the wire contract; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Observation and action spaces as both ends of a stream agree on them."""
+
+    obs_dtype: str
+    obs_shape: tuple[int, ...]
+    # Discrete action spaces: number of actions. 0 for continuous (Box) spaces.
+    num_actions: int = 0
+    action_shape: tuple[int, ...] = ()
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions > 0
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        return DISCRETE_ACTION_DTYPE if self.discrete else CONTINUOUS_ACTION_DTYPE
+
+    @property
+    def obs_nbytes(self) -> int:
+        return int(np.dtype(self.obs_dtype).itemsize * np.prod(self.obs_shape, dtype=np.int64))
+
+    def describe_mismatch(self, other: "EnvSpec") -> str | None:
+        """Names the first field where `other` differs from this spec, or None."""
+        if np.dtype(other.obs_dtype) != np.dtype(self.obs_dtype):
+            return f"observation.dtype: actor sends {other.obs_dtype}, learner expects {self.obs_dtype}"
+        if tuple(other.obs_shape) != tuple(self.obs_shape):
+            return (
+                f"observation.shape: actor sends {list(other.obs_shape)}, "
+                f"learner expects {list(self.obs_shape)}"
+            )
+        if other.num_actions != self.num_actions:
+            return (
+                f"action_space: actor has {other.action_text()}, learner expects {self.action_text()}"
+            )
+        if not self.discrete and tuple(other.action_shape) != tuple(self.action_shape):
+            return (
+                f"action_space.box.shape: actor has {list(other.action_shape)}, "
+                f"learner expects {list(self.action_shape)}"
+            )
+        return None
+
+    def action_text(self) -> str:
+        if self.discrete:
+            return f"Discrete({self.num_actions})"
+        return f"Box(shape={list(self.action_shape)})"
+
+
+def spec_from_spaces(observation_space, action_space) -> EnvSpec:
+    """EnvSpec of single-env gymnasium spaces (Box observations; Discrete or Box actions)."""
+    import gymnasium as gym
+
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"observation space {observation_space} is not supported: seedq needs a Box "
+            "observation (flatten dict observations with a gymnasium wrapper)"
+        )
+    obs = dict(
+        obs_dtype=np.dtype(observation_space.dtype).name,
+        obs_shape=tuple(int(d) for d in observation_space.shape),
+    )
+    if isinstance(action_space, gym.spaces.Discrete):
+        if int(action_space.start) != 0:
+            raise ValueError(f"action space {action_space}: Discrete spaces must start at 0")
+        return EnvSpec(**obs, num_actions=int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box):
+        return EnvSpec(
+            **obs,
+            action_shape=tuple(int(d) for d in action_space.shape),
+            action_low=tuple(float(x) for x in np.ravel(action_space.low)),
+            action_high=tuple(float(x) for x in np.ravel(action_space.high)),
+        )
+    raise ValueError(f"action space {action_space} is not supported (Discrete or Box only)")
+
+
+# --- handshake -------------------------------------------------------------
+
+
+def encode_handshake(
+    spec: EnvSpec, *, actor_id: str, run_id: str, num_envs: int, env_id: str = ""
+) -> seed_pb2.ActorMessage:
+    action_space = seed_pb2.ActionSpace()
+    if spec.discrete:
+        action_space.discrete = spec.num_actions
+    else:
+        action_space.box.shape.extend(spec.action_shape)
+        action_space.box.low.extend(spec.action_low)
+        action_space.box.high.extend(spec.action_high)
+    return seed_pb2.ActorMessage(
+        handshake=seed_pb2.Handshake(
+            protocol_version=PROTOCOL_VERSION,
+            actor_id=actor_id,
+            run_id=run_id,
+            num_envs=num_envs,
+            observation=seed_pb2.TensorSpec(dtype=spec.obs_dtype, shape=spec.obs_shape),
+            action_space=action_space,
+            env_id=env_id,
+        )
+    )
+
+
+def decode_handshake(message: seed_pb2.ActorMessage) -> tuple[seed_pb2.Handshake, EnvSpec]:
+    """Validates the first message of a stream and returns it with the actor's spec."""
+    if message.WhichOneof("kind") != "handshake":
+        raise ProtocolError("handshake", "the first message of a stream must be a handshake")
+    hs = message.handshake
+    if hs.protocol_version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "handshake.protocol_version",
+            f"actor speaks version {hs.protocol_version}, learner speaks {PROTOCOL_VERSION}",
+        )
+    if not hs.actor_id:
+        raise ProtocolError("handshake.actor_id", "must not be empty")
+    if not hs.run_id:
+        raise ProtocolError("handshake.run_id", "must not be empty")
+    if hs.num_envs <= 0:
+        raise ProtocolError("handshake.num_envs", f"must be > 0, got {hs.num_envs}")
+    try:
+        obs_dtype = np.dtype(hs.observation.dtype).name
+    except TypeError:
+        raise ProtocolError(
+            "handshake.observation.dtype", f"unknown dtype {hs.observation.dtype!r}"
+        ) from None
+    if any(d <= 0 for d in hs.observation.shape):
+        raise ProtocolError(
+            "handshake.observation.shape", f"dimensions must be > 0, got {list(hs.observation.shape)}"
+        )
+    kind = hs.action_space.WhichOneof("kind")
+    if kind == "discrete":
+        if hs.action_space.discrete <= 0:
+            raise ProtocolError("handshake.action_space.discrete", "must be > 0")
+        spec = EnvSpec(obs_dtype, tuple(hs.observation.shape), num_actions=hs.action_space.discrete)
+    elif kind == "box":
+        box = hs.action_space.box
+        spec = EnvSpec(
+            obs_dtype,
+            tuple(hs.observation.shape),
+            action_shape=tuple(box.shape),
+            action_low=tuple(box.low),
+            action_high=tuple(box.high),
+        )
+    else:
+        raise ProtocolError("handshake.action_space", "must be discrete or box")
+    return hs, spec
+
+
+# --- steps -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Steps:
+    """One decoded StepBatch; n = len(env_indices)."""
+
+    env_indices: np.ndarray  # int32 [n]
+    rewards: np.ndarray  # float32 [n]
+    terminated: np.ndarray  # bool [n]
+    truncated: np.ndarray  # bool [n]
+    observations: np.ndarray  # obs dtype [n, *obs_shape]
+
+    def __len__(self) -> int:
+        return len(self.env_indices)
+
+
+def encode_steps(
+    env_indices: np.ndarray,
+    rewards: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    observations: np.ndarray,
+) -> seed_pb2.ActorMessage:
+    return seed_pb2.ActorMessage(
+        steps=seed_pb2.StepBatch(
+            env_indices=np.asarray(env_indices, ENV_INDEX_DTYPE).tobytes(),
+            rewards=np.asarray(rewards, REWARD_DTYPE).tobytes(),
+            terminated=np.asarray(terminated, FLAG_DTYPE).tobytes(),
+            truncated=np.asarray(truncated, FLAG_DTYPE).tobytes(),
+            observations=np.ascontiguousarray(observations).tobytes(),
+        )
+    )
+
+
+def _array(field: str, data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
+    if len(data) != count * dtype.itemsize:
+        raise ProtocolError(
+            field,
+            f"expected {count * dtype.itemsize} bytes ({count} x {dtype.name}), got {len(data)}",
+        )
+    return np.frombuffer(data, dtype)
+
+
+def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -> Steps:
+    """Validates a StepBatch against the stream's handshake and decodes it."""
+    if message.WhichOneof("kind") != "steps":
+        raise ProtocolError(
+            "steps", f"expected a StepBatch after the handshake, got {message.WhichOneof('kind')}"
+        )
+    msg = message.steps
+    if len(msg.env_indices) % ENV_INDEX_DTYPE.itemsize:
+        raise ProtocolError("steps.env_indices", f"{len(msg.env_indices)} bytes is not int32[n]")
+    n = len(msg.env_indices) // ENV_INDEX_DTYPE.itemsize
+    if n == 0:
+        raise ProtocolError("steps.env_indices", "must name at least one env")
+    env_indices = np.frombuffer(msg.env_indices, ENV_INDEX_DTYPE)
+    bad = (env_indices < 0) | (env_indices >= num_envs)
+    if bad.any():
+        raise ProtocolError(
+            "steps.env_indices",
+            f"unknown env index {int(env_indices[bad][0])} (handshake declared {num_envs} envs)",
+        )
+    if len(np.unique(env_indices)) != n:
+        raise ProtocolError("steps.env_indices", "an env index appears twice in one batch")
+    rewards = _array("steps.rewards", msg.rewards, REWARD_DTYPE, n)
+    terminated = _array("steps.terminated", msg.terminated, FLAG_DTYPE, n)
+    truncated = _array("steps.truncated", msg.truncated, FLAG_DTYPE, n)
+    obs_dtype = np.dtype(spec.obs_dtype)
+    if len(msg.observations) != n * spec.obs_nbytes:
+        raise ProtocolError(
+            "steps.observations",
+            f"expected {n * spec.obs_nbytes} bytes ({n} x {obs_dtype.name}{list(spec.obs_shape)}), "
+            f"got {len(msg.observations)}",
+        )
+    observations = np.frombuffer(msg.observations, obs_dtype).reshape((n, *spec.obs_shape))
+    return Steps(env_indices, rewards, terminated.astype(bool), truncated.astype(bool), observations)
+
+
+# --- actions ---------------------------------------------------------------
+
+
+def encode_actions(actions: np.ndarray, spec: EnvSpec, policy_version: int) -> seed_pb2.LearnerMessage:
+    return seed_pb2.LearnerMessage(
+        actions=seed_pb2.ActionBatch(
+            actions=np.asarray(actions, spec.action_dtype).tobytes(),
+            policy_version=policy_version,
+        )
+    )
+
+
+def decode_actions(message: seed_pb2.LearnerMessage, spec: EnvSpec, n: int) -> np.ndarray:
+    if message.WhichOneof("kind") != "actions":
+        raise ProtocolError("actions", f"expected an ActionBatch, got {message.WhichOneof('kind')}")
+    count = n * int(np.prod(spec.action_shape, dtype=np.int64))
+    flat = _array("actions.actions", message.actions.actions, spec.action_dtype, count)
+    return flat.reshape((n, *spec.action_shape))
