@@ -41,15 +41,18 @@ class ServerConfig:
 class VTraceConfig:
     """IMPALA / V-trace hyperparameters."""
 
-    unroll_length: int = 20
-    batch_size: int = 32  # unrolls per train step
+    # Short unrolls and small batches mean many updates per frame, which is
+    # what solves CartPole fastest (tuned with an in-process sweep: 16x10
+    # needs ~0.35M frames, 32x20 did not solve within 1.5M).
+    unroll_length: int = 10
+    batch_size: int = 16  # unrolls per train step
     discount: float = 0.99
     lambda_: float = 1.0
     clip_rho_threshold: float = 1.0
     clip_pg_rho_threshold: float = 1.0
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
     # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.

@@ -31,6 +31,10 @@ from seedq.wire import codec
 log = logging.getLogger("seedq.actor")
 
 # Errors that retrying cannot fix: our messages or spec are wrong.
+# Reconnect delays double from 50 ms up to this cap: short enough that actors
+# started before their learner join within a second of it listening.
+MAX_BACKOFF_SECONDS = 1.0
+
 FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -163,7 +167,7 @@ async def run_actor(
                     )
                 log.info("actor %s: %s; retrying in %.2fs", actor_id, reason, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
     finally:
         env.close()
 

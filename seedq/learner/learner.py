@@ -17,7 +17,9 @@ import time
 import uuid
 
 import jax
+import numpy as np
 
+from seedq import jax_setup
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
@@ -39,12 +41,13 @@ class Learner:
     def __init__(self, config: TrainConfig, address: str):
         self.config = config
         self.requested_address = address
+        jax_setup.configure()
         self.address: str | None = None
         self.spec = env_spec(config.env)
         self.agent = make_agent(config, self.spec)
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
-        self.state = self.agent.init(init_rng)
+        self.state = jax.jit(self.agent.init)(init_rng)
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)
@@ -126,6 +129,7 @@ class Learner:
         batch_size = self.config.vtrace.batch_size
         frames_per_batch = batch_size * self.config.vtrace.unroll_length
         try:
+            self._warm_up()
             batch = self._next_batch(batch_size)
             while batch is not None:
                 # Dispatch is asynchronous: the update runs while we fetch and
@@ -143,6 +147,13 @@ class Learner:
             log.exception("training failed")
             self.error = e
             self._stop.set()
+
+    def _warm_up(self) -> None:
+        """Compiles the update while the first unrolls are being collected."""
+        fields = self.inference.store.fields
+        shape = (self.config.vtrace.batch_size, self.inference.store.length)
+        zeros = {name: np.zeros(shape + f.shape, f.dtype) for name, f in fields.items()}
+        jax.block_until_ready(self._update(self.state, zeros))  # result discarded
 
     def _next_batch(self, batch_size: int):
         while not self._stop.is_set():

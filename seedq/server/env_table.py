@@ -83,8 +83,10 @@ class EnvTable:
     def num_slots(self) -> int:
         return self._next_slot
 
-    def connected(self) -> list[ActorEntry]:
-        return [e for e in self._actors.values() if not e.closed]
+    @property
+    def num_connected(self) -> int:
+        """Actors with an open stream (released entries leave `_actors`)."""
+        return len(self._actors)
 
     def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
         """Registers a (re)started actor; returns (entry, the superseded entry or None)."""

@@ -21,9 +21,9 @@ import logging
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from seedq.agents.base import StepFieldSpec
 from seedq.server.env_table import ActorEntry, EnvTable
 from seedq.server.unrolls import UnrollQueue, UnrollStore
 from seedq.wire.codec import EnvSpec, Steps
@@ -94,9 +94,8 @@ class InferenceServer:
         self._compiled: set[int] = set()
 
     @staticmethod
-    def _step_fields(agent, spec: EnvSpec):
-        from seedq.agents.base import StepFieldSpec
-
+    def _step_fields(agent, spec: EnvSpec) -> dict[str, StepFieldSpec]:
+        """Everything recorded per env step: what the actor sent plus what `act` chose."""
         fields = {
             "obs": StepFieldSpec(spec.obs_shape, np.dtype(spec.obs_dtype)),
             "reward": StepFieldSpec((), np.float32),
@@ -142,8 +141,9 @@ class InferenceServer:
             await self._has_work.wait()
             deadline = loop.time() + self.timeout
             # Wait for more streams while some connected ones have no request queued.
-            while self._pending_steps < self.max_batch_size and len(self._pending) < len(
-                self.table.connected()
+            while (
+                self._pending_steps < self.max_batch_size
+                and len(self._pending) < self.table.num_connected
             ):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
