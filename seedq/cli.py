@@ -8,6 +8,11 @@ commands that need them, so `seedq actor` starts fast.
 
 from __future__ import annotations
 
+import time
+
+# Command start, before the heavy imports: runs report seconds-to-target from here.
+COMMAND_STARTED = time.monotonic()
+
 import argparse
 import dataclasses
 import json
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         from seedq import local
 
         try:
-            summary = local.train(config, quiet=args.quiet)
+            summary = local.train(config, quiet=args.quiet, started=COMMAND_STARTED)
         except (ValueError, OSError) as e:
             print(f"seedq train: {e}", file=sys.stderr)
             return 1

@@ -67,9 +67,13 @@ def default_address() -> str:
     return f"unix:{tempfile.gettempdir()}/seedq-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
 
 
-def train(config: TrainConfig, *, quiet: bool = False) -> dict:
-    """Runs a full local training run; returns the summary written to summary.json."""
-    started = time.monotonic()
+def train(config: TrainConfig, *, quiet: bool = False, started: float | None = None) -> dict:
+    """Runs a full local training run; returns the summary written to summary.json.
+
+    `started` (time.monotonic()) is when the command started; seconds-to-target
+    and wall time count from it.
+    """
+    started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
     os.makedirs(config.logdir, exist_ok=True)
