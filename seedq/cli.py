@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up after this long without a learner (0: retry forever)",
     )
     actor.add_argument("--stats-file", default="", help="write actor statistics (JSON) here at exit")
+    actor.add_argument(
+        "--stats-skip-seconds", type=float, default=0.0,
+        help="leave the first seconds after connecting out of the latency statistics (warm-up)",
+    )
     actor.add_argument("--verbose", action="store_true")
 
     bench = sub.add_parser("bench", help="benchmarks")

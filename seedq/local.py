@@ -19,13 +19,17 @@ import uuid
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
+from seedq.envs import env_spec
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
 
 log = logging.getLogger("seedq.local")
 
 
-def actor_command(address: str, config: TrainConfig, index: int, stats_file: str | None = None) -> list[str]:
+def actor_command(
+    address: str, config: TrainConfig, index: int, stats_file: str | None = None,
+    stats_skip_seconds: float = 0.0,
+) -> list[str]:
     cmd = [
         sys.executable, "-m", "seedq.cli", "actor",
         "--server", address,
@@ -37,15 +41,18 @@ def actor_command(address: str, config: TrainConfig, index: int, stats_file: str
         "--retry-max-seconds", "30",
     ]
     if stats_file:
-        cmd += ["--stats-file", stats_file]
+        cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd
 
 
-def spawn_actors(address: str, config: TrainConfig, stats_dir: str | None = None) -> list[subprocess.Popen]:
+def spawn_actors(
+    address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
+) -> list[subprocess.Popen]:
+    """Starts `config.num_actors` actor processes; with `stats_dir`, each writes actor-<i>.json."""
     procs = []
     for i in range(config.num_actors):
         stats = os.path.join(stats_dir, f"actor-{i}.json") if stats_dir else None
-        procs.append(subprocess.Popen(actor_command(address, config, i, stats)))
+        procs.append(subprocess.Popen(actor_command(address, config, i, stats, stats_skip_seconds)))
     return procs
 
 
@@ -76,6 +83,7 @@ def train(config: TrainConfig, *, quiet: bool = False, started: float | None = N
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
+    env_spec(config.env)  # a bad env id fails here, before any process starts
     os.makedirs(config.logdir, exist_ok=True)
     config_lib.save(config, os.path.join(config.logdir, "config.json"))
     address = config.address or default_address()

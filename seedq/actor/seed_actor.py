@@ -48,20 +48,26 @@ class ActorStats:
 
     frames: int = 0
     steps: int = 0
+    recorded: int = 0  # round trips in the latency ring
     connections: int = 0
     env_seconds: float = 0.0
     wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
     started: float = dataclasses.field(default_factory=time.perf_counter)
+    # Round trips before this perf_counter() time are not recorded (warm-up).
+    record_after: float = 0.0
     # Round-trip latency of recent vector steps (seconds), a bounded ring.
     _rtts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1 << 16))
 
-    def record_rtt(self, seconds: float) -> None:
-        self._rtts[self.steps % len(self._rtts)] = seconds
+    def record_rtt(self, seconds: float, now: float) -> None:
         self.wait_seconds += seconds
         self.steps += 1
+        if now < self.record_after:
+            return
+        self._rtts[self.recorded % len(self._rtts)] = seconds
+        self.recorded += 1
 
     def summary(self) -> dict:
-        rtts = self._rtts[: min(self.steps, len(self._rtts))]
+        rtts = self._rtts[: min(self.recorded, len(self._rtts))]
         elapsed = time.perf_counter() - self.started
         return {
             "frames": self.frames,
@@ -83,7 +89,9 @@ def channel_target(address: str) -> str:
     raise ValueError(f"server address {address!r}: expected unix:/path/to.sock or host:port")
 
 
-async def _serve_one_connection(stub, env, spec, *, actor_id, num_envs, env_id, seed, stats):
+async def _serve_one_connection(
+    stub, env, spec, *, actor_id, num_envs, env_id, seed, stats, skip_seconds=0.0
+):
     run_id = uuid.uuid4().hex
     call = stub.Stream()
     try:
@@ -96,6 +104,8 @@ async def _serve_one_connection(stub, env, spec, *, actor_id, num_envs, env_id, 
         if ack is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
         stats.connections += 1
+        if stats.connections == 1 and skip_seconds:
+            stats.record_after = time.perf_counter() + skip_seconds
         log.info("actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.ack.learner_run)
         obs, _ = env.reset(seed=seed)
         rewards = np.zeros(num_envs, np.float32)
@@ -110,7 +120,7 @@ async def _serve_one_connection(stub, env, spec, *, actor_id, num_envs, env_id, 
             if reply is grpc.aio.EOF:
                 raise ConnectionError("learner closed the stream")
             actions = codec.decode_actions(reply, spec, num_envs)
-            stats.record_rtt(received - sent)
+            stats.record_rtt(received - sent, received)
             obs, rewards, terminated, truncated, _ = env.step(actions)
             stats.env_seconds += time.perf_counter() - received
             stats.frames += num_envs
@@ -128,6 +138,7 @@ async def run_actor(
     max_seconds: float = 0.0,
     retry_max_seconds: float = 0.0,
     stats: ActorStats | None = None,
+    stats_skip_seconds: float = 0.0,
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
@@ -149,6 +160,7 @@ async def run_actor(
                     await _serve_one_connection(
                         stub, env, spec, actor_id=actor_id, num_envs=num_envs,
                         env_id=env_id, seed=seed + 7919 * attempt, stats=stats,
+                        skip_seconds=stats_skip_seconds,
                     )
                 except grpc.aio.AioRpcError as e:
                     if e.code() in FATAL_CODES:
@@ -187,6 +199,7 @@ def main(args) -> int:
         coro = run_actor(
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
             retry_max_seconds=args.retry_max_seconds, stats=stats,
+            stats_skip_seconds=args.stats_skip_seconds,
         )
         if args.max_seconds:
             try:

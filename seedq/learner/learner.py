@@ -86,10 +86,12 @@ class Learner:
         self._server_ready.wait()
         if self._server_error is not None:
             raise self._server_error
-        if train:
-            trainer = threading.Thread(target=self._train_loop, name="seedq-train", daemon=True)
-            trainer.start()
-            self._threads.append(trainer)
+        # Without training (inference benchmarks) finished unrolls are drained
+        # and dropped, so backpressure does not stall the actors.
+        target = self._train_loop if train else self._drain_loop
+        consumer = threading.Thread(target=target, name="seedq-train", daemon=True)
+        consumer.start()
+        self._threads.append(consumer)
         return self.address
 
     def stop(self) -> None:
@@ -134,19 +136,27 @@ class Learner:
             while batch is not None:
                 # Dispatch is asynchronous: the update runs while we fetch and
                 # transfer the next batch (prefetching).
-                self.state, metrics = self._update(self.state, batch)
+                state, metrics = self._update(self.state, batch)
+                batch = self._next_batch(batch_size)
+                # Publish only finished parameters, so inference never stalls
+                # waiting for an update in flight.
+                jax.block_until_ready(state.params)
+                self.state = state
                 self.version += 1
-                self.inference.publish(self.agent.inference_params(self.state), self.version)
+                self.inference.publish(self.agent.inference_params(state), self.version)
                 self.train_steps += 1
                 self.trained_frames += frames_per_batch
                 self._metrics_pending = metrics
-                batch = self._next_batch(batch_size)
         except QueueClosed:
             pass
         except Exception as e:
             log.exception("training failed")
             self.error = e
             self._stop.set()
+
+    def _drain_loop(self) -> None:
+        while self._next_batch(1, to_device=False) is not None:
+            pass
 
     def _warm_up(self) -> None:
         """Compiles the update while the first unrolls are being collected."""
@@ -155,11 +165,11 @@ class Learner:
         zeros = {name: np.zeros(shape + f.shape, f.dtype) for name, f in fields.items()}
         jax.block_until_ready(self._update(self.state, zeros))  # result discarded
 
-    def _next_batch(self, batch_size: int):
+    def _next_batch(self, batch_size: int, to_device: bool = True):
         while not self._stop.is_set():
             batch = self.queue.get(batch_size, timeout=0.2)
             if batch is not None:
-                return jax.device_put(batch)
+                return jax.device_put(batch) if to_device else batch
         return None
 
     # --- reporting (caller's thread) ---

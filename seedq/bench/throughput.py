@@ -1,0 +1,137 @@
+"""`seedq bench throughput`: the SEED loop's env frames/s against raw stepping.
+
+Both phases run in one invocation, one after the other, with the same number
+of processes and envs, so their ratio is the cost of central inference (gRPC
+round trips, batching, the policy, and by default training) on this machine:
+
+  1. raw: `actors` processes each step their vector env with random actions;
+  2. system: a real learner (gRPC server, dynamic batcher, jitted policy,
+     V-trace updates unless --no-train) and `actors` real actor processes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+
+import numpy as np
+
+
+def _raw_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
+    from seedq.envs import env_spec, make_vector_env, random_actions
+
+    spec = env_spec(env_id)
+    env = make_vector_env(env_id, num_envs)
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    frames, started = 0, time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        env.step(random_actions(spec, num_envs, rng))
+        frames += num_envs
+    out.put(frames / (time.perf_counter() - started))
+    env.close()
+
+
+def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds: float) -> float:
+    """Aggregate frames/s of `num_actors` processes stepping envs with random actions."""
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that imported JAX
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_raw_worker, args=(env_id, envs_per_actor, seconds, i, out))
+        for i in range(num_actors)
+    ]
+    for p in procs:
+        p.start()
+    rates = [out.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    return float(sum(rates))
+
+
+def system_fps(
+    env_id: str, num_actors: int, envs_per_actor: int, seconds: float, warmup_seconds: float, train: bool
+) -> dict:
+    from seedq.config import TrainConfig
+    from seedq.learner.learner import Learner
+    from seedq.local import default_address, spawn_actors, stop_actors
+
+    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor)
+    config.validate()
+    with tempfile.TemporaryDirectory(prefix="seedq-bench-") as stats_dir:
+        address = default_address()
+        actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
+        learner = Learner(config, address)
+        try:
+            learner.start(train=train)
+            _wait_for_actors(learner, num_actors, actors)
+            time.sleep(warmup_seconds)
+            stats = learner.inference.stats
+            f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
+            started = time.perf_counter()
+            time.sleep(seconds)
+            elapsed = time.perf_counter() - started
+            frames = learner.table.frames - f0
+            batches, steps = stats.batches - b0, stats.env_steps - s0
+            train_steps = learner.train_steps - t0
+        finally:
+            stop_actors(actors)
+            learner.stop()
+        actor_stats = [_read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
+    rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
+    rtts_p99 = [s["rtt_p99_ms"] for s in actor_stats if s and s["rtt_p99_ms"] is not None]
+    return {
+        "system_fps": frames / elapsed,
+        "mean_inference_batch": steps / batches if batches else 0.0,
+        "inference_calls_per_second": batches / elapsed,
+        "train_steps_per_second": train_steps / elapsed,
+        # Median over actors of each actor's percentile.
+        "rtt_p50_ms": float(np.median(rtts_p50)) if rtts_p50 else None,
+        "rtt_p99_ms": float(np.median(rtts_p99)) if rtts_p99 else None,
+    }
+
+
+def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while learner.table.num_connected < num_actors:
+        if time.monotonic() > deadline or all(p.poll() is not None for p in actors):
+            raise RuntimeError(
+                f"only {learner.table.num_connected}/{num_actors} actors connected within {timeout:.0f}s"
+            )
+        time.sleep(0.05)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def run(
+    env_id: str = "CartPole-v1",
+    num_actors: int = 2,
+    envs_per_actor: int = 32,
+    seconds: float = 10.0,
+    warmup_seconds: float = 3.0,
+    train: bool = True,
+) -> dict:
+    raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
+    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train)
+    return {
+        "env": env_id,
+        "actors": num_actors,
+        "envs_per_actor": envs_per_actor,
+        "seconds": seconds,
+        "training": train,
+        "system_fps": system["system_fps"],
+        "raw_env_fps": raw,
+        "ratio_system_to_raw": system["system_fps"] / raw if raw else None,
+        **{k: v for k, v in system.items() if k != "system_fps"},
+        "cpu_count": os.cpu_count(),
+    }
+

@@ -1,0 +1,640 @@
+"""End-to-end tests of the learner's gRPC service with real processes and sockets.
+
+A real `Learner` (training on) listens on a unix socket in a temporary
+directory; real actor processes (`python -m seedq.cli actor`) step CartPole
+against it, and raw clients (in this process, or in a subprocess that the
+test SIGKILLs) send exactly the messages a test needs.
+
+Raw clients send CartPole-shaped observations whose pole angle (obs[2]) is a
+marker value no real CartPole observation reaches (|angle| > 0.21 ends an
+episode), so every unroll that enters the learner's queue can be traced back
+to the client that sent it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+
+from seedq.config import ServerConfig, TrainConfig, VTraceConfig
+from seedq.envs import env_spec
+from seedq.learner.learner import Learner
+from seedq.wire import codec
+
+pytestmark = pytest.mark.timeout(180)
+
+UNROLL_LENGTH = 5
+WAIT_SECONDS = 30.0
+CONFIG = dataclasses.replace(
+    TrainConfig(),
+    env="CartPole-v1",
+    vtrace=dataclasses.replace(VTraceConfig(), unroll_length=UNROLL_LENGTH, batch_size=4),
+    server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=64, max_batch_size=16),
+)
+
+# Pole-angle markers of the raw clients (real CartPole angles stay within ~0.3).
+MARK_VICTIM = 3.25
+MARK_AFTER = -3.25
+MARK_OLD_RUN = 2.75
+MARK_NEW_RUN = -2.75
+MARKERS = (MARK_VICTIM, MARK_AFTER, MARK_OLD_RUN, MARK_NEW_RUN)
+
+RAW_CLIENT_SOURCE = r'''
+"""A raw seedq.v1 client: sends exactly the messages it is told to."""
+import queue
+import sys
+import time
+
+import grpc
+import numpy as np
+
+from seedq.v1 import seed_pb2_grpc
+from seedq.wire import codec
+
+CARTPOLE = codec.EnvSpec("float32", (4,), num_actions=2)
+
+
+class RawStream:
+    def __init__(self, address, timeout=60.0):
+        self._requests = queue.Queue()
+        self.channel = grpc.insecure_channel(address)
+        stub = seed_pb2_grpc.LearnerStub(self.channel)
+        # The deadline bounds every blocking recv().
+        self.call = stub.Stream(self._iterate(), timeout=timeout)
+
+    def _iterate(self):
+        while True:
+            message = self._requests.get()
+            if message is None:
+                return
+            yield message
+
+    def send(self, message):
+        self._requests.put(message)
+
+    def recv(self):
+        return next(self.call)
+
+    def handshake(self, actor_id, run_id, num_envs, spec=CARTPOLE, version=None):
+        message = codec.encode_handshake(spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs)
+        if version is not None:
+            message.handshake.protocol_version = version
+        self.send(message)
+        reply = self.recv()
+        assert reply.WhichOneof("kind") == "ack", reply
+        return reply.ack
+
+    def step(self, num_envs, angle=0.0):
+        obs = np.zeros((num_envs, 4), np.float32)
+        obs[:, 2] = angle
+        zeros = np.zeros(num_envs)
+        self.send(codec.encode_steps(np.arange(num_envs), zeros, zeros, zeros, obs))
+        return codec.decode_actions(self.recv(), CARTPOLE, num_envs)
+
+    def close(self):
+        self._requests.put(None)
+        self.call.cancel()
+        self.channel.close()
+
+
+def main(address, actor_id, num_envs, steps, angle, ready_file, then):
+    num_envs, steps, angle = int(num_envs), int(steps), float(angle)
+    stream = RawStream(address)
+    stream.handshake(actor_id, "run-" + actor_id, num_envs)
+    for _ in range(steps):
+        actions = stream.step(num_envs, angle)
+        assert actions.shape == (num_envs,)
+    with open(ready_file, "w") as f:
+        f.write("ready")
+    if then == "hang":
+        time.sleep(600)  # until SIGKILLed
+    stream.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
+'''
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def wait_until(predicate, what, timeout=WAIT_SECONDS, interval=0.05, learners=()):
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / interval) + 2):
+        for learner in learners:
+            assert learner.error is None, f"learner training failed: {learner.error!r}"
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def connected_entry(learner, actor_id):
+    """The table's live entry for `actor_id` (None if not connected)."""
+    return learner.table._actors.get(actor_id)
+
+
+def assert_training_continues(learner, steps=3, procs=()):
+    start = learner.train_steps
+    wait_until(
+        lambda: learner.train_steps >= start + steps,
+        f"{steps} more train steps (at {start})",
+        learners=[learner],
+    )
+    for proc in procs:
+        assert proc.poll() is None, f"actor process exited with {proc.returncode}"
+
+
+class QueueTap:
+    """Counts the unrolls entering a learner's queue, per raw-client marker."""
+
+    def __init__(self, queue):
+        self.lock = threading.Lock()
+        self.unrolls = 0
+        self.marked = collections.Counter()
+        try_put, put = queue.try_put, queue.put
+
+        def tapped_try_put(chunk):
+            ok = try_put(chunk)
+            if ok:
+                self._record(chunk)
+            return ok
+
+        def tapped_put(chunk, timeout=None):
+            ok = put(chunk, timeout)
+            if ok:
+                self._record(chunk)
+            return ok
+
+        queue.try_put = tapped_try_put
+        queue.put = tapped_put
+
+    def _record(self, chunk):
+        angle = chunk["obs"][..., 2]  # [k, T+1]
+        with self.lock:
+            self.unrolls += len(angle)
+            for marker in MARKERS:
+                self.marked[marker] += int((angle == np.float32(marker)).any(axis=1).sum())
+
+    def count(self, marker):
+        with self.lock:
+            return self.marked[marker]
+
+
+def start_actor(address, tmp_path, actor_id, num_envs=4, extra=()):
+    stats = tmp_path / f"{actor_id}.json"
+    log = open(tmp_path / f"{actor_id}.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "seedq.cli", "actor",
+            "--server", address, "--env", "CartPole-v1",
+            "--num-envs", str(num_envs), "--actor-id", actor_id,
+            "--stats-file", str(stats), *extra,
+        ],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    log.close()
+    proc.stats_file = stats
+    proc.log_file = tmp_path / f"{actor_id}.log"
+    return proc
+
+
+def kill(proc):
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def load_raw_client(path):
+    spec = importlib.util.spec_from_file_location("seedq_raw_client", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- fixtures ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("e2e")
+    (path / "raw_client.py").write_text(RAW_CLIENT_SOURCE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def raw(workdir):
+    return load_raw_client(workdir / "raw_client.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(workdir):
+    """A training learner with one real actor ("real-1", 4 envs), shared by the module."""
+    learner = Learner(CONFIG, f"unix:{workdir}/learner.sock")
+    tap = QueueTap(learner.queue)
+    actor = None
+    try:
+        address = learner.start(train=True)
+        actor = start_actor(address, workdir, "real-1", num_envs=4)
+        wait_until(lambda: learner.train_steps > 0, "the first train step", learners=[learner])
+        yield learner, address, actor, tap
+    finally:
+        if actor is not None:
+            kill(actor)
+        learner.stop()
+
+
+@pytest.fixture
+def healthy(cluster):
+    """The shared cluster, checked to be training with exactly its real actor."""
+    learner, address, actor, tap = cluster
+    assert actor.poll() is None, actor.log_file.read_text()
+    wait_until(lambda: learner.table.num_connected == 1, "only real-1 connected")
+    assert connected_entry(learner, "real-1") is not None
+    return cluster
+
+
+# --- a. malformed messages ---------------------------------------------------------
+
+
+def expect_refused(stream_fn, field_word):
+    with pytest.raises(grpc.RpcError) as info:
+        stream_fn()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert field_word in info.value.details(), info.value.details()
+    return info.value.details()
+
+
+def test_malformed_messages_get_invalid_argument_while_actor_trains(healthy, raw):
+    learner, address, actor, _ = healthy
+    cartpole = env_spec("CartPole-v1")
+    assert cartpole == raw.CARTPOLE
+    runs_before = learner.table.runs_started
+    zeros2 = np.zeros(2)
+    obs2 = np.zeros((2, 4), np.float32)
+    streams = []
+
+    def open_stream():
+        stream = raw.RawStream(address, timeout=WAIT_SECONDS)
+        streams.append(stream)
+        return stream
+
+    try:
+        # Unknown env index (handshake declared 2 envs).
+        def unknown_index():
+            s = open_stream()
+            s.handshake("bad-index", uuid.uuid4().hex, 2)
+            s.step(2)  # a valid step first: the stream really was being served
+            s.send(codec.encode_steps([0, 5], zeros2, zeros2, zeros2, obs2))
+            s.recv()
+
+        details = expect_refused(unknown_index, "env_indices")
+        assert "5" in details
+
+        # Negative env index.
+        def negative_index():
+            s = open_stream()
+            s.handshake("bad-negative", uuid.uuid4().hex, 2)
+            s.send(codec.encode_steps([-1, 0], zeros2, zeros2, zeros2, obs2))
+            s.recv()
+
+        expect_refused(negative_index, "env_indices")
+
+        # Wrong observation byte length (3 floats per env instead of 4).
+        def short_observations():
+            s = open_stream()
+            s.handshake("bad-obs", uuid.uuid4().hex, 2)
+            s.send(codec.encode_steps([0, 1], zeros2, zeros2, zeros2, np.zeros((2, 3), np.float32)))
+            s.recv()
+
+        expect_refused(short_observations, "observations")
+
+        # Wrong byte length of another array.
+        def short_rewards():
+            s = open_stream()
+            s.handshake("bad-rewards", uuid.uuid4().hex, 2)
+            s.send(codec.encode_steps([0, 1], np.zeros(1), zeros2, zeros2, obs2))
+            s.recv()
+
+        expect_refused(short_rewards, "rewards")
+
+        # Protocol version the learner does not speak.
+        def bad_version():
+            open_stream().handshake("bad-version", uuid.uuid4().hex, 2, version=99)
+
+        details = expect_refused(bad_version, "protocol_version")
+        assert "99" in details
+
+        # Observation shape of another env.
+        def bad_shape():
+            spec = codec.EnvSpec("float32", (5,), num_actions=2)
+            open_stream().handshake("bad-shape", uuid.uuid4().hex, 2, spec=spec)
+
+        details = expect_refused(bad_shape, "shape")
+        assert "[5]" in details and "[4]" in details
+
+        # Action space of another env.
+        def bad_actions():
+            spec = codec.EnvSpec("float32", (4,), num_actions=3)
+            open_stream().handshake("bad-actions", uuid.uuid4().hex, 2, spec=spec)
+
+        expect_refused(bad_actions, "action_space")
+
+        # A second stream claiming an already connected (actor, run).
+        run = uuid.uuid4().hex
+        first = open_stream()
+        first.handshake("dup", run, 1)
+
+        def duplicate_run():
+            open_stream().handshake("dup", run, 1)
+
+        expect_refused(duplicate_run, "already connected")
+        # ... and the original stream is still served.
+        assert first.step(1).shape == (1,)
+        first.close()
+    finally:
+        for stream in streams:
+            stream.close()
+
+    # Only the streams whose handshake passed ever became runs.
+    assert learner.table.runs_started == runs_before + 5
+    wait_until(lambda: learner.table.num_connected == 1, "refused streams to be released")
+    assert connected_entry(learner, "real-1") is not None
+    assert_training_continues(learner, procs=[actor])
+
+
+# --- b. killed actors ----------------------------------------------------------------
+
+
+def test_sigkilled_raw_actor_loses_only_its_partial_unroll(healthy, workdir):
+    learner, address, actor, tap = healthy
+    num_envs, sent = 2, 3  # 3 < T+1 steps: a partial unroll
+    assert sent < UNROLL_LENGTH + 1
+    ready = workdir / "victim.ready"
+    victim = subprocess.Popen(
+        [sys.executable, str(workdir / "raw_client.py"), address, "victim", str(num_envs),
+         str(sent), str(MARK_VICTIM), str(ready), "hang"],
+    )
+    try:
+        wait_until(lambda: ready.exists() or victim.poll() is not None, "the victim's steps")
+        assert victim.poll() is None, f"raw client exited with {victim.returncode}"
+        entry = connected_entry(learner, "victim")
+        assert entry is not None and entry.num_envs == num_envs
+        assert learner.table.num_connected == 2
+        np.testing.assert_array_equal(
+            learner.inference.store.partial_steps(entry.slots), [sent] * num_envs
+        )
+        os.kill(victim.pid, signal.SIGKILL)
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        kill(victim)
+
+    wait_until(lambda: entry.closed, "the learner to notice the killed stream")
+    wait_until(lambda: learner.table.num_connected == 1, "the victim to leave the table")
+    assert connected_entry(learner, "victim") is None
+    assert connected_entry(learner, "real-1") is not None
+    # Its partial unroll was discarded (no one has reused the slots since).
+    np.testing.assert_array_equal(learner.inference.store.partial_steps(entry.slots), [0] * num_envs)
+    assert tap.count(MARK_VICTIM) == 0
+    assert_training_continues(learner, procs=[actor])
+
+    # A client reusing the freed slots gets unrolls made of its own steps only;
+    # this also shows that the tap does see marked unrolls.
+    after_before = tap.count(MARK_AFTER)
+    stream_ready = workdir / "after.ready"
+    after = subprocess.Popen(
+        [sys.executable, str(workdir / "raw_client.py"), address, "after", str(num_envs),
+         str(UNROLL_LENGTH + 1), str(MARK_AFTER), str(stream_ready), "finish"],
+    )
+    try:
+        assert after.wait(timeout=WAIT_SECONDS) == 0
+    finally:
+        kill(after)
+    assert stream_ready.exists()
+    assert tap.count(MARK_AFTER) - after_before == num_envs  # one full unroll per env
+    assert tap.count(MARK_VICTIM) == 0
+    wait_until(lambda: learner.table.num_connected == 1, "the finished client to leave")
+    assert_training_continues(learner, procs=[actor])
+
+
+def test_sigkilled_real_actor_while_another_trains(healthy, workdir):
+    learner, address, actor, _ = healthy
+    doomed = start_actor(address, workdir, "doomed", num_envs=2)
+    try:
+        wait_until(lambda: connected_entry(learner, "doomed") is not None, "the doomed actor to connect")
+        entry = connected_entry(learner, "doomed")
+        frames = learner.table.frames
+        wait_until(lambda: learner.table.frames > frames + 50, "frames from both actors")
+        assert learner.table.num_connected == 2
+        doomed.send_signal(signal.SIGKILL)
+        assert doomed.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        kill(doomed)
+    wait_until(lambda: entry.closed, "the learner to notice the killed actor")
+    wait_until(lambda: learner.table.num_connected == 1, "the killed actor to leave the table")
+    assert connected_entry(learner, "doomed") is None
+    np.testing.assert_array_equal(learner.inference.store.partial_steps(entry.slots), [0, 0])
+    assert not doomed.stats_file.exists()  # SIGKILL: no clean exit
+    frames = learner.table.frames
+    assert_training_continues(learner, procs=[actor])
+    assert learner.table.frames > frames
+
+
+# --- c. restarts ----------------------------------------------------------------------
+
+
+def test_restarted_actor_is_a_new_run_and_old_stream_is_aborted(healthy, raw):
+    learner, address, actor, tap = healthy
+    runs_before = learner.table.runs_started
+    old = raw.RawStream(address, timeout=WAIT_SECONDS)
+    new = None
+    try:
+        old.handshake("a", "r1", 2)
+        for _ in range(2):
+            assert old.step(2, MARK_OLD_RUN).shape == (2,)
+        old_entry = connected_entry(learner, "a")
+        assert old_entry.run_id == "r1"
+        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [2, 2])
+        assert learner.table.runs_started == runs_before + 1
+
+        new = raw.RawStream(address, timeout=WAIT_SECONDS)
+        new.handshake("a", "r2", 2)
+        assert learner.table.runs_started == runs_before + 2
+        new_entry = connected_entry(learner, "a")
+        assert new_entry is not old_entry and new_entry.run_id == "r2"
+        assert old_entry.closed
+        assert learner.table.num_connected == 2  # real-1 and a/r2
+
+        # The old stream is refused on its next message.
+        with pytest.raises(grpc.RpcError) as info:
+            old.step(2, MARK_OLD_RUN)
+        assert info.value.code() == grpc.StatusCode.ABORTED, info.value
+        assert "superseded" in info.value.details()
+
+        # The new run is served, and its unrolls hold none of the old run's steps.
+        new_before = tap.count(MARK_NEW_RUN)
+        for _ in range(UNROLL_LENGTH + 1):
+            assert new.step(2, MARK_NEW_RUN).shape == (2,)
+        assert tap.count(MARK_NEW_RUN) - new_before == 2
+        assert tap.count(MARK_OLD_RUN) == 0
+        assert connected_entry(learner, "a") is new_entry and not new_entry.closed
+        assert learner.table.num_connected == 2
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    wait_until(lambda: learner.table.num_connected == 1, "a/r2 to leave after closing")
+    assert_training_continues(learner, procs=[actor])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="seedq/server/service.py: EnvTable.connect already released the superseded "
+    "entry, so InferenceServer.release(superseded) is a no-op and its slots' partial "
+    "unrolls stay in the UnrollStore",
+)
+def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
+    learner, address, actor, tap = healthy
+    old = raw.RawStream(address, timeout=WAIT_SECONDS)
+    new = None
+    try:
+        old.handshake("b", "r1", 2)
+        for _ in range(3):
+            old.step(2, MARK_OLD_RUN)
+        old_entry = connected_entry(learner, "b")
+        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [3, 3])
+        # More envs after the restart: the old block cannot be reused for it.
+        new = raw.RawStream(address, timeout=WAIT_SECONDS)
+        new.handshake("b", "r2", 7)
+        new_entry = connected_entry(learner, "b")
+        assert not set(new_entry.slots) & set(old_entry.slots)
+        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [0, 0])
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+        wait_until(lambda: learner.table.num_connected == 1, "b to leave")
+
+
+def test_actor_reconnects_to_a_restarted_learner(tmp_path):
+    address = f"unix:{tmp_path}/restart.sock"
+    first = Learner(CONFIG, address)
+    second = None
+    actor = None
+    try:
+        dialed = first.start(train=True)
+        assert dialed == address
+        actor = start_actor(
+            dialed, tmp_path, "phoenix", num_envs=2, extra=("--retry-max-seconds", "30")
+        )
+        wait_until(lambda: connected_entry(first, "phoenix") is not None, "phoenix on learner 1",
+                   learners=[first])
+        frames = first.table.frames
+        wait_until(lambda: first.table.frames > frames + 20, "frames on learner 1", learners=[first])
+        second = Learner(CONFIG, address)  # compile before taking the first one down
+        first.stop()
+        first_frames = first.table.frames
+        assert second.start(train=True) == address
+        wait_until(lambda: connected_entry(second, "phoenix") is not None, "phoenix on learner 2",
+                   learners=[second])
+        wait_until(lambda: second.table.frames > 20, "frames on learner 2", learners=[second])
+        assert second.table.runs_started == 1
+        assert first.table.frames == first_frames  # learner 1 is really gone
+        assert actor.poll() is None
+        actor.send_signal(signal.SIGTERM)
+        assert actor.wait(timeout=WAIT_SECONDS) == 0, actor.log_file.read_text()
+        stats = json.loads(actor.stats_file.read_text())
+        assert stats["connections"] >= 2, stats
+        # Every frame learner 1 booked but the connection step's came from this actor.
+        assert stats["frames"] >= first_frames - 2, (stats, first_frames)
+    finally:
+        if actor is not None:
+            kill(actor)
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="seedq/server/inference.py _take_batch drops requests of closed entries without "
+    "resolving their futures: a run superseded while its request waits is never answered",
+)
+def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
+    """a/r1's request waits in the batcher (blocked on a full queue) when a/r2 connects."""
+    config = dataclasses.replace(
+        CONFIG, server=dataclasses.replace(CONFIG.server, queue_capacity_unrolls=4)
+    )
+    learner = Learner(config, f"unix:{tmp_path}/inflight.sock")
+    # The learner's own consumer sees an empty queue: the test drains it itself.
+    real_get = learner.queue.get
+
+    def gated_get(batch_size, timeout=None):
+        time.sleep(min(timeout or 0.2, 0.2))
+        return None
+
+    learner.queue.get = gated_get
+    streams = []
+    try:
+        address = learner.start(train=False)
+
+        def open_stream(timeout=WAIT_SECONDS):
+            streams.append(raw.RawStream(address, timeout=timeout))
+            return streams[-1]
+
+        old = open_stream(timeout=10)
+        old.handshake("a", "r1", 2)
+        old.step(2)
+        # Fill the queue, then let a full unroll block the batcher on it.
+        assert learner.queue.try_put(
+            {k: np.zeros((4, *v.shape[1:]), v.dtype) for k, v in learner.inference.store._buffers.items()}
+        )
+        filler = open_stream()
+        filler.handshake("filler", "r", 2)
+        for _ in range(UNROLL_LENGTH):
+            filler.step(2)
+        filler.send(codec.encode_steps([0, 1], np.zeros(2), np.zeros(2), np.zeros(2),
+                                       np.zeros((2, 4), np.float32)))
+        filler_entry = connected_entry(learner, "filler")
+        wait_until(
+            lambda: list(learner.inference.store.partial_steps(filler_entry.slots)) == [1, 1],
+            "the filler's unrolls to be finished",
+        )
+        old.send(codec.encode_steps([0, 1], np.zeros(2), np.zeros(2), np.zeros(2),
+                                    np.zeros((2, 4), np.float32)))
+        wait_until(lambda: len(learner.inference._pending) == 1, "a/r1's request to wait")
+        new = open_stream()
+        new.handshake("a", "r2", 2)
+        assert learner.table.runs_started == 3
+        # Unblock the batcher.
+        assert real_get(4, timeout=WAIT_SECONDS) is not None
+        assert filler.recv().WhichOneof("kind") == "actions"
+        assert new.step(2).shape == (2,)
+        with pytest.raises(grpc.RpcError) as info:
+            old.recv()
+        assert info.value.code() == grpc.StatusCode.ABORTED, info.value
+    finally:
+        for stream in streams:
+            stream.close()
+        learner.stop()

@@ -1,0 +1,93 @@
+"""`seedq train` end to end: real learner and actor processes on a unix socket."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SUMMARY_KEYS = {
+    "agent", "env", "architecture", "precision", "frames", "wall_seconds", "episodes",
+    "mean_return_last100", "target_return", "reached_target", "seconds_to_target",
+    "frames_to_target",
+}
+
+
+def seedq(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "seedq.cli", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_short_run_writes_run_directory(tmp_path):
+    logdir = tmp_path / "run"
+    result = seedq(
+        "train", "--env", "CartPole-v1", "--max-frames", "20000", "--target-return", "0",
+        "--logdir", str(logdir), "--log-every-seconds", "0.5",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["frames"] >= 20000
+    assert summary["stop_reason"] == "max_frames"
+    assert summary["train_steps"] > 0
+    assert summary["reached_target"] is False and summary["frames_to_target"] is None
+    config = json.loads((logdir / "config.json").read_text())
+    assert config["env"] == "CartPole-v1" and config["max_frames"] == 20000
+    assert any(p.name.startswith("events.out.tfevents") for p in logdir.iterdir())
+    checkpoint = pathlib.Path(summary["checkpoint"])
+    assert checkpoint.is_dir() and any(checkpoint.iterdir())
+    assert "frames" in result.stdout  # progress lines
+
+
+def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
+    """The default config learns: mean return >= 475 over 100 episodes.
+
+    Bounded by frames, not seconds, so a slow or busy machine does not fail it
+    (runs here need ~0.3-0.5M frames).
+    """
+    logdir = tmp_path / "solve"
+    result = seedq(
+        "train", "--agent", "vtrace", "--env", "CartPole-v1", "--max-frames", "2000000",
+        "--max-seconds", "0", "--logdir", str(logdir), "--quiet", timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["reached_target"], summary
+    assert summary["mean_return_last100"] >= 475
+    assert summary["frames_to_target"] <= summary["frames"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--vtrace.learning-rate", "fast"], "learning-rate"),
+        (["--agent", "dqn"], "agent='dqn'"),
+        (["--num-actors", "0"], "num_actors=0"),
+        (["--no-such-flag", "1"], "unrecognized arguments"),
+    ],
+)
+def test_bad_overrides_fail_with_one_clear_line(args, expected):
+    result = seedq("train", *args, "--max-seconds", "1", timeout=60)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_env_is_a_clear_error(tmp_path):
+    result = seedq("train", "--env", "NoSuchEnv-v0", "--logdir", str(tmp_path / "x"), timeout=120)
+    assert result.returncode != 0
+    assert "NoSuchEnv-v0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_print_config_shows_resolved_values():
+    result = seedq("train", "--vtrace.entropy-cost", "0.02", "--print-config", timeout=60)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert config["vtrace"]["entropy_cost"] == 0.02
+    assert config["logdir"]  # resolved default
+    assert os.path.sep in config["logdir"] or config["logdir"].startswith("runs")
