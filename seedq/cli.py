@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--quiet", action="store_true", help="no progress lines")
 
+    learner = sub.add_parser(
+        "learner",
+        help="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_config_flags(learner)
+    learner.add_argument("--quiet", action="store_true", help="no progress lines")
+
     actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
     actor.add_argument("--server", required=True, help="learner address: unix:/path.sock or host:port")
     actor.add_argument("--env", required=True, help="gymnasium environment id")
@@ -131,22 +139,29 @@ def main(argv: list[str] | None = None) -> int:
 
         return seed_actor.main(args)
 
-    if args.command == "train":
+    if args.command in ("train", "learner"):
         try:
             config = config_from_args(args).resolved()
             config.validate()
         except (ValueError, TypeError) as e:
-            print(f"seedq train: {e}", file=sys.stderr)
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 2
-        if args.print_config:
+        if args.command == "learner" and not config.address:
+            print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
+                  file=sys.stderr)
+            return 2
+        if getattr(args, "print_config", False):
             print(json.dumps(config_lib.to_dict(config), indent=2, sort_keys=True))
             return 0
         from seedq import local
 
         try:
-            summary = local.train(config, quiet=args.quiet, started=COMMAND_STARTED)
+            summary = local.train(
+                config, quiet=args.quiet, started=COMMAND_STARTED,
+                with_actors=args.command == "train",
+            )
         except (ValueError, OSError) as e:
-            print(f"seedq train: {e}", file=sys.stderr)
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
         return 0 if summary["stop_reason"] != "actors_exited" else 1
 

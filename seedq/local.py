@@ -74,9 +74,14 @@ def default_address() -> str:
     return f"unix:{tempfile.gettempdir()}/seedq-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
 
 
-def train(config: TrainConfig, *, quiet: bool = False, started: float | None = None) -> dict:
-    """Runs a full local training run; returns the summary written to summary.json.
+def train(
+    config: TrainConfig, *, quiet: bool = False, started: float | None = None, with_actors: bool = True
+) -> dict:
+    """Runs a training run; returns the summary written to summary.json.
 
+    With `with_actors`, `config.num_actors` actor processes are started on
+    this host (local mode); without, the learner serves whichever actors
+    connect to `config.address` (`seedq learner`, the multi-machine path).
     `started` (time.monotonic()) is when the command started; seconds-to-target
     and wall time count from it.
     """
@@ -88,13 +93,15 @@ def train(config: TrainConfig, *, quiet: bool = False, started: float | None = N
     config_lib.save(config, os.path.join(config.logdir, "config.json"))
     address = config.address or default_address()
 
-    actors = spawn_actors(address, config)
+    actors = spawn_actors(address, config) if with_actors else []
     learner = None
     reporter = None
     stop_reason = "error"
     try:
         learner = Learner(config, address)
-        learner.start()
+        address = learner.start()
+        if not with_actors and not quiet:
+            print(f"learner listening on {address}", flush=True)
         reporter = RunReporter(config, learner, started, quiet=quiet)
         stop_reason = reporter.run_until_done(actors)
     except KeyboardInterrupt:

@@ -122,7 +122,10 @@ class Learner:
         try:
             await self._shutdown_event.wait()
         finally:
-            await server.stop(grace=0.5)
+            # Answer every waiting stream with UNAVAILABLE (actors reconnect
+            # or exit) before the server stops taking messages.
+            self.inference.close()
+            await server.stop(grace=1.0)
             batcher.cancel()
 
     # --- training thread ---

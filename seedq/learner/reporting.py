@@ -57,8 +57,7 @@ class RunReporter:
                 return reason
             if self.learner.error is not None:
                 raise RuntimeError("training thread failed") from self.learner.error
-            dead = [p for p in actors if p.poll() is not None]
-            if len(dead) == len(actors):
+            if actors and all(p.poll() is not None for p in actors):
                 return "actors_exited"
             if time.monotonic() >= next_log:
                 next_log += self.config.log_every_seconds

@@ -41,6 +41,10 @@ def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+class ServerClosing(Exception):
+    """The learner is shutting down; the stream should end with UNAVAILABLE."""
+
+
 @dataclasses.dataclass
 class _Request:
     entry: ActorEntry
@@ -89,6 +93,7 @@ class InferenceServer:
         self._published: tuple[object, int] | None = None
         self._pending: collections.deque[_Request] = collections.deque()
         self._pending_steps = 0
+        self._closing = False
         self._has_work: asyncio.Event | None = None
         self._act = jax.jit(agent.act)
         self._compiled: set[int] = set()
@@ -125,8 +130,19 @@ class InferenceServer:
         if slots is not None:
             self.store.drop(slots)
 
+    def close(self) -> None:
+        """Fails every waiting and future request with ServerClosing."""
+        self._closing = True
+        while self._pending:
+            request = self._pending.popleft()
+            if not request.future.done():
+                request.future.set_exception(ServerClosing())
+        self._pending_steps = 0
+
     async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
         """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""
+        if self._closing:
+            raise ServerClosing()
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(entry, steps, future))
         self._pending_steps += len(steps)

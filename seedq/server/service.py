@@ -12,7 +12,7 @@ import os
 
 import grpc
 
-from seedq.server.inference import InferenceServer
+from seedq.server.inference import InferenceServer, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 
@@ -72,7 +72,10 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                 except codec.ProtocolError as e:
                     log.warning("actor %s sent a bad message: %s", entry.actor_id, e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                actions, version = await self.inference.submit(entry, steps)
+                try:
+                    actions, version = await self.inference.submit(entry, steps)
+                except ServerClosing:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
                 await context.write(codec.encode_actions(actions, self.inference.spec, version))
         finally:
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
