@@ -35,6 +35,8 @@ class ServerConfig:
     # Unrolls held between the server and the learner; when full, inference
     # waits for training (backpressure) instead of memory growing.
     queue_capacity_unrolls: int = 256
+    # Handshakes declaring more envs are refused (bounds learner memory).
+    max_envs_per_actor: int = 4096
 
 
 @dataclasses.dataclass(frozen=True)

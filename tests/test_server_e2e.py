@@ -506,13 +506,6 @@ def test_restarted_actor_is_a_new_run_and_old_stream_is_aborted(healthy, raw):
     assert_training_continues(learner, procs=[actor])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="seedq/server/service.py: EnvTable.connect already released the superseded "
-    "entry, so InferenceServer.release(superseded) is a no-op and its slots' partial "
-    "unrolls stay in the UnrollStore",
-)
 def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
     learner, address, actor, tap = healthy
     old = raw.RawStream(address, timeout=WAIT_SECONDS)
@@ -575,12 +568,6 @@ def test_actor_reconnects_to_a_restarted_learner(tmp_path):
             second.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="seedq/server/inference.py _take_batch drops requests of closed entries without "
-    "resolving their futures: a run superseded while its request waits is never answered",
-)
 def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
     """a/r1's request waits in the batcher (blocked on a full queue) when a/r2 connects."""
     config = dataclasses.replace(

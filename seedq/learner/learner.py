@@ -110,7 +110,9 @@ class Learner:
     async def _serve_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown_event = asyncio.Event()
-        service = LearnerService(self.inference, self.learner_run)
+        service = LearnerService(
+            self.inference, self.learner_run, self.config.server.max_envs_per_actor
+        )
         try:
             server, self.address = await start_server(service, self.requested_address)
         except BaseException as e:  # reported to start()

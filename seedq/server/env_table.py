@@ -107,10 +107,22 @@ class EnvTable:
             return None
         entry.closed = True
         self.runs_dropped += 1
-        self._free.append((entry.first_slot, entry.num_envs))
+        self._free_block(entry.first_slot, entry.num_envs)
         if self._actors.get(entry.actor_id) is entry:
             del self._actors[entry.actor_id]
         return entry.slots
+
+    def _free_block(self, start: int, size: int) -> None:
+        """Returns a block to the free list, merging it with adjacent free blocks."""
+        blocks = sorted(self._free + [(start, size)])
+        merged = [blocks[0]]
+        for block_start, block_size in blocks[1:]:
+            last_start, last_size = merged[-1]
+            if last_start + last_size == block_start:
+                merged[-1] = (last_start, last_size + block_size)
+            else:
+                merged.append((block_start, block_size))
+        self._free = merged
 
     def _allocate(self, size: int) -> int:
         for i, (start, block) in enumerate(self._free):
@@ -121,12 +133,13 @@ class EnvTable:
                     self._free[i] = (start + size, block - size)
                 return start
         start = self._next_slot
-        self._next_slot += size
-        if self._next_slot > len(self._needs_reset):
-            grow = max(self._next_slot, 2 * len(self._needs_reset))
+        if start + size > len(self._needs_reset):
+            # Grow first: if this fails, the table stays consistent.
+            grow = max(start + size, 2 * len(self._needs_reset))
             self._episode_return = np.resize(self._episode_return, grow)
             self._episode_length = np.resize(self._episode_length, grow)
             self._needs_reset = np.resize(self._needs_reset, grow)
+        self._next_slot = start + size
         return start
 
     def observe(

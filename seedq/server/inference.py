@@ -45,6 +45,10 @@ class ServerClosing(Exception):
     """The learner is shutting down; the stream should end with UNAVAILABLE."""
 
 
+class RunSuperseded(Exception):
+    """The actor reconnected with a new run id while this request waited."""
+
+
 @dataclasses.dataclass
 class _Request:
     entry: ActorEntry
@@ -124,6 +128,15 @@ class InferenceServer:
 
     # --- stream side (event-loop thread) ---
 
+    def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
+        """Registers an actor's stream; returns (entry, the run it superseded or None)."""
+        entry, superseded = self.table.connect(actor_id, run_id, num_envs)
+        if superseded is not None:  # the table already released its slots
+            self.store.drop(superseded.slots)
+        self.store.ensure_capacity(self.table.num_slots)
+        self.store.drop(entry.slots)  # a reused block must not inherit steps
+        return entry, superseded
+
     def release(self, entry: ActorEntry) -> None:
         """Actor gone or restarted: forget its envs and its partial unrolls."""
         slots = self.table.release(entry)
@@ -183,8 +196,11 @@ class InferenceServer:
                 break
             self._pending.popleft()
             self._pending_steps -= len(request.steps)
-            if request.entry.closed or request.future.done():
-                continue  # its stream ended while it waited
+            if request.future.done():
+                continue  # its stream was cancelled while it waited
+            if request.entry.closed:
+                request.future.set_exception(RunSuperseded())
+                continue
             batch.append(request)
             steps += len(request.steps)
         return batch

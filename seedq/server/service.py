@@ -12,7 +12,7 @@ import os
 
 import grpc
 
-from seedq.server.inference import InferenceServer, ServerClosing
+from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 
@@ -22,9 +22,17 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):
-    def __init__(self, inference: InferenceServer, learner_run: str):
+    def __init__(self, inference: InferenceServer, learner_run: str, max_envs_per_actor: int = 4096):
         self.inference = inference
         self.learner_run = learner_run
+        self.max_envs_per_actor = max_envs_per_actor
+
+    @staticmethod
+    async def _abort_superseded(context, entry) -> None:
+        await context.abort(
+            grpc.StatusCode.ABORTED,
+            f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
+        )
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
         message = await context.read()
@@ -37,7 +45,13 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                 raise codec.ProtocolError(
                     "handshake." + mismatch.split(":", 1)[0], mismatch.split(":", 1)[1].strip()
                 )
-            entry, superseded = self.inference.table.connect(
+            if handshake.num_envs > self.max_envs_per_actor:
+                raise codec.ProtocolError(
+                    "handshake.num_envs",
+                    f"{handshake.num_envs} envs exceeds this learner's limit of "
+                    f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
+                )
+            entry, superseded = self.inference.connect(
                 handshake.actor_id, handshake.run_id, handshake.num_envs
             )
         except (codec.ProtocolError, ValueError) as e:
@@ -46,9 +60,6 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             return
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
-            self.inference.release(superseded)
-        self.inference.store.ensure_capacity(self.inference.table.num_slots)
-        self.inference.store.drop(entry.slots)
         log.info("actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         try:
             await context.write(
@@ -63,10 +74,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                 if message is grpc.aio.EOF:
                     return
                 if entry.closed:
-                    await context.abort(
-                        grpc.StatusCode.ABORTED,
-                        f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
-                    )
+                    await self._abort_superseded(context, entry)
                 try:
                     steps = codec.decode_steps(message, self.inference.spec, entry.num_envs)
                 except codec.ProtocolError as e:
@@ -76,6 +84,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                     actions, version = await self.inference.submit(entry, steps)
                 except ServerClosing:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
+                except RunSuperseded:
+                    await self._abort_superseded(context, entry)
                 await context.write(codec.encode_actions(actions, self.inference.spec, version))
         finally:
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.

@@ -1,0 +1,181 @@
+"""Networks shared by the agents and the benchmarks (flax linen).
+
+Every network here is built from plain `nn.Dense` / `nn.Conv` layers (LSTM
+cores from `nn.LSTMCell`, which is itself made of `nn.Dense`), so the
+inference server can run any of them in fp32, bf16 or int8 through the single
+interception mechanism in `seedq.quant.layers` without a hand-written
+quantized copy. Pixel inputs go through `scale_pixels`, which lets the int8
+path use the exact uint8 values instead of re-quantizing them.
+
+Shapes: torsos map observations [N, *obs_shape] to features [N, F]; heads map
+features to (logits [N, A], value [N]) or Q-values [N, A].
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seedq.quant.layers import scale_pixels
+
+NETWORKS = ("mlp", "nature_cnn", "impala_cnn")
+
+
+def _to_float(obs: jax.Array) -> jax.Array:
+    """uint8 pixels -> [0, 1] floats (through the int8-aware hook); floats unchanged."""
+    if obs.dtype == jnp.uint8:
+        return scale_pixels(obs)
+    return obs.astype(jnp.float32)
+
+
+class ActorCritic(nn.Module):
+    """MLP torso with a policy head (logits) and a value head (the CartPole agent)."""
+
+    num_actions: int
+    hidden_sizes: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """obs [N, D] float32 -> (logits [N, A], value [N])."""
+        x = obs
+        for size in self.hidden_sizes:
+            x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[..., 0]
+
+
+class MLPTorso(nn.Module):
+    """obs [N, ...] -> features [N, hidden_sizes[-1]] (flattened input)."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256, 256)
+    activation: Callable[[jax.Array], jax.Array] = nn.relu
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = _to_float(obs).reshape(obs.shape[0], -1)
+        for size in self.hidden_sizes:
+            x = self.activation(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature torso: conv 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512 (ReLU)."""
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """obs [N, 84, 84, C] uint8 (or float in [0, 1]) -> [N, 512]."""
+        x = _to_float(obs)
+        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
+        x = x.reshape(x.shape[0], -1)
+        return nn.relu(nn.Dense(512)(x))
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), 3x3 convs keeping the channel count."""
+
+    channels: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = nn.Conv(self.channels, (3, 3), padding="SAME")(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3), padding="SAME")(nn.relu(y))
+        return x + y
+
+
+class ImpalaCNN(nn.Module):
+    """The IMPALA ResNet torso: per stage conv 3x3, max-pool 3x3/2, residual blocks."""
+
+    channels: tuple[int, ...] = (16, 32, 32)
+    blocks_per_stage: int = 2
+    dense_size: int = 256
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """obs [N, 84, 84, C] uint8 (or float in [0, 1]) -> [N, dense_size]."""
+        x = _to_float(obs)
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3), padding="SAME")(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for _ in range(self.blocks_per_stage):
+                x = ResidualBlock(channels)(x)
+        x = nn.relu(x).reshape(x.shape[0], -1)
+        return nn.relu(nn.Dense(self.dense_size)(x))
+
+
+class PolicyValueHead(nn.Module):
+    """features [N, F] -> (logits [N, A], value [N])."""
+
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[..., 0]
+
+
+class DuelingHead(nn.Module):
+    """features [N, F] -> Q-values [N, A] = V + A - mean(A) (dueling DQN)."""
+
+    num_actions: int
+    hidden_size: int = 512
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        value = nn.Dense(1)(nn.relu(nn.Dense(self.hidden_size)(x)))
+        advantage = nn.Dense(self.num_actions)(nn.relu(nn.Dense(self.hidden_size)(x)))
+        return value + advantage - jnp.mean(advantage, axis=-1, keepdims=True)
+
+
+class LSTMCore(nn.Module):
+    """One recurrent step: (carry, features [N, F]) -> (new carry, output [N, H]).
+
+    `first` [N] resets the carry to zeros where an episode starts.
+    """
+
+    hidden_size: int = 256
+
+    @nn.compact
+    def __call__(self, carry, x: jax.Array, first: jax.Array):
+        keep = (1.0 - first.astype(x.dtype))[:, None]
+        carry = jax.tree.map(lambda c: c * keep.astype(c.dtype), carry)
+        return nn.LSTMCell(self.hidden_size)(carry, x)
+
+    def initial_state(self, batch_size: int):
+        zeros = jnp.zeros((batch_size, self.hidden_size), jnp.float32)
+        return zeros, zeros
+
+
+class PolicyValueNet(nn.Module):
+    """A torso followed by a policy/value head: obs -> (logits [N, A], value [N])."""
+
+    torso: nn.Module
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return PolicyValueHead(self.num_actions)(self.torso(obs))
+
+
+def make_torso(name: str, mlp_hidden: Sequence[int] = (256, 256, 256)) -> nn.Module:
+    if name == "mlp":
+        return MLPTorso(tuple(mlp_hidden))
+    if name == "nature_cnn":
+        return NatureCNN()
+    if name == "impala_cnn":
+        return ImpalaCNN()
+    raise ValueError(f"network {name!r}: choose one of {', '.join(NETWORKS)}")
+
+
+def example_obs(name: str, batch_size: int, mlp_input: int = 64) -> np.ndarray:
+    """A zero observation batch of the shape/dtype network `name` is benchmarked with."""
+    if name == "mlp":
+        return np.zeros((batch_size, mlp_input), np.float32)
+    return np.zeros((batch_size, 84, 84, 4), np.uint8)

@@ -1,0 +1,134 @@
+"""Pure functions that turn fp32 parameters/activations into their int8 or bf16 form.
+
+Scheme (int8):
+  * weights: symmetric, per output channel (the last axis of a flax `Dense`
+    kernel [in, out] or `Conv` kernel [kh, kw, in, out]):
+    scale[o] = max|w[..., o]| / 127, q = round(w / scale) in [-127, 127].
+    An all-zero channel gets scale 1 (q = 0, exact), so a scale is never 0.
+  * activations: symmetric, dynamic, one scale per row (per sample), computed
+    at inference time: scale[n] = max|x[n]| / 127.
+  * products: int8 x int8 with int32 accumulation, then
+    y = acc * scale_x[n] * scale_w[o] + bias[o] in fp32 (biases stay fp32).
+
+Round-trip error per element is at most scale/2 (half a quantization step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PRECISIONS = ("fp32", "bf16", "int8")
+INT8_MAX = 127
+# Published leaf names of one quantized layer (replacing its fp32 "kernel", so
+# a module that is not intercepted can never silently read int8 weights).
+QKERNEL = "kernel_q"
+QSCALE = "kernel_scale"
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def safe_scale(max_abs: jax.Array) -> jax.Array:
+    """max|x| -> symmetric int8 scale; 1.0 where the range is zero (or subnormal)."""
+    scale = jnp.asarray(max_abs, jnp.float32) / INT8_MAX
+    return jnp.where(scale >= _TINY, scale, jnp.float32(1.0))
+
+
+def quantize_per_channel(w: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+    """w float [..., O] -> (q int8 same shape, scale float32 [O]) along `axis`.
+
+    `w ~= q * scale` (scale broadcast along `axis`), |w - q * scale| <= scale / 2.
+    """
+    w = jnp.asarray(w, jnp.float32)
+    axis = axis % w.ndim
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    scale = safe_scale(jnp.max(jnp.abs(w), axis=others))
+    shape = [1] * w.ndim
+    shape[axis] = w.shape[axis]
+    q = jnp.clip(jnp.round(w / scale.reshape(shape)), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return q, scale
+
+
+def dequantize_per_channel(q: jax.Array, scale: jax.Array, axis: int = -1) -> jax.Array:
+    shape = [1] * q.ndim
+    shape[axis % q.ndim] = q.shape[axis % q.ndim]
+    return q.astype(jnp.float32) * scale.reshape(shape)
+
+
+def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Dynamic per-row activation quantization.
+
+    x float [N, ...] -> (q int8 [N, ...], scale float32 [N]): one symmetric
+    scale per leading index (a row of a matmul input, or a whole sample of a
+    convolution input), so `x[n] ~= q[n] * scale[n]`.
+    """
+    x = jnp.asarray(x)
+    reduce_axes = tuple(range(1, x.ndim))
+    max_abs = jnp.max(jnp.abs(x), axis=reduce_axes).astype(jnp.float32)
+    scale = safe_scale(max_abs)
+    inv = (1.0 / scale).reshape((-1,) + (1,) * (x.ndim - 1))
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) * inv), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return q, scale
+
+
+# --- publishing parameters ---------------------------------------------------
+
+
+def _is_layer(node: Any) -> bool:
+    """A dict holding a Dense/Conv-like fp32 kernel (rank >= 2) and maybe a bias."""
+    if not isinstance(node, Mapping) or "kernel" not in node:
+        return False
+    kernel = node["kernel"]
+    return (
+        hasattr(kernel, "ndim")
+        and kernel.ndim >= 2
+        and jnp.issubdtype(kernel.dtype, jnp.floating)
+        and set(node) <= {"kernel", "bias"}
+    )
+
+
+def quantize_layer(node: Mapping) -> dict:
+    """{"kernel": w, "bias": b} -> {"kernel_q": int8, "kernel_scale": fp32 [O], "bias": fp32}."""
+    q, scale = quantize_per_channel(node["kernel"])
+    out = {QKERNEL: q, QSCALE: scale}
+    if "bias" in node:
+        out["bias"] = jnp.asarray(node["bias"], jnp.float32)
+    return out
+
+
+def publish(params: Any, precision: str, layers: Iterable[tuple[str, ...]] | None = None) -> Any:
+    """Turns an fp32 flax params pytree into what the inference server runs.
+
+    fp32: returned unchanged. bf16: every floating leaf cast to bfloat16.
+    int8: each Dense/Conv layer's {"kernel", "bias"} becomes
+    {"kernel_q" int8, "kernel_scale" fp32 [out], "bias" fp32}; everything else
+    stays fp32. `layers` (paths inside the "params" collection, e.g.
+    ("torso", "Conv_0"), as found by `seedq.quant.layers.find_layers`) limits
+    quantization to layers the interceptor implements; without it, every
+    dict holding only a rank >= 2 "kernel" (+ "bias") is quantized.
+
+    Pure and jittable (`layers` must be static).
+    """
+    if precision == "fp32":
+        return params
+    if precision == "bf16":
+        return jax.tree.map(
+            lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+        )
+    if precision != "int8":
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    wanted = None if layers is None else {tuple(p) for p in layers}
+
+    def walk(node: Any, path: tuple[str, ...]) -> Any:
+        if _is_layer(node) and (wanted is None or path in wanted):
+            return quantize_layer(node)
+        if isinstance(node, Mapping):
+            return {k: walk(v, path + (k,)) for k, v in node.items()}
+        return node
+
+    if isinstance(params, Mapping) and "params" in params:
+        return {k: walk(v, ()) if k == "params" else v for k, v in params.items()}
+    return walk(params, ())
