@@ -328,6 +328,14 @@ def test_malformed_messages_get_invalid_argument_while_actor_trains(healthy, raw
 
         expect_refused(short_observations, "observations")
 
+        # More envs than the learner accepts per actor (bounds learner memory).
+        def too_many_envs():
+            s = open_stream()
+            s.handshake("bad-num-envs", uuid.uuid4().hex, 2**31)
+            s.recv()
+
+        expect_refused(too_many_envs, "num_envs")
+
         # Wrong byte length of another array.
         def short_rewards():
             s = open_stream()
