@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
-        return 0 if summary["stop_reason"] != "actors_exited" else 1
+        return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
 
     if args.command == "bench":
         from seedq.bench import throughput

@@ -3,8 +3,10 @@
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -91,3 +93,31 @@ def test_print_config_shows_resolved_values():
     assert config["vtrace"]["entropy_cost"] == 0.02
     assert config["logdir"]  # resolved default
     assert os.path.sep in config["logdir"] or config["logdir"].startswith("runs")
+
+
+def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group."""
+    logdir = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seedq.cli", "train", "--max-seconds", "120", "--logdir", str(logdir)],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(logdir.glob("events.out.tfevents*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)  # let some frames through
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    assert pathlib.Path(summary["checkpoint"]).is_dir()
+    # No process of the group survives.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
