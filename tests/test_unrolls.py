@@ -49,11 +49,11 @@ def assert_unroll(unrolls, row, slot, ts):
 
 def test_store_rejects_bad_length():
     with pytest.raises(ValueError):
-        UnrollStore(0, FIELDS)
+        UnrollStore(1, FIELDS)
 
 
 def test_store_emits_unroll_of_t_plus_1_when_full():
-    store = UnrollStore(T, FIELDS, capacity=4)
+    store = UnrollStore(T + 1, FIELDS, capacity=4)
     slots = np.array([0, 1, 2])
     for t in range(T):
         assert store.append(slots, step_for(slots, t)) is None
@@ -71,7 +71,7 @@ def test_store_emits_unroll_of_t_plus_1_when_full():
 
 
 def test_store_consecutive_unrolls_overlap_by_one_step():
-    store = UnrollStore(T, FIELDS, capacity=2)
+    store = UnrollStore(T + 1, FIELDS, capacity=2)
     slots = np.array([0, 1])
     out = []
     for t in range(3 * T + 1):
@@ -91,7 +91,7 @@ def test_store_consecutive_unrolls_overlap_by_one_step():
 
 
 def test_store_returned_unrolls_are_copies():
-    store = UnrollStore(T, FIELDS, capacity=1)
+    store = UnrollStore(T + 1, FIELDS, capacity=1)
     slots = np.array([0])
     for t in range(T):
         store.append(slots, step_for(slots, t))
@@ -104,7 +104,7 @@ def test_store_returned_unrolls_are_copies():
 
 
 def test_store_slots_are_independent():
-    store = UnrollStore(T, FIELDS, capacity=8)
+    store = UnrollStore(T + 1, FIELDS, capacity=8)
     # Slot 5 steps every time, slot 2 every other time, slot 7 only at the start.
     times = {2: 0, 5: 0, 7: 0}
     done = {2: [], 5: [], 7: []}
@@ -139,7 +139,7 @@ def test_store_slots_are_independent():
 
 
 def test_store_drop_discards_partial_unroll():
-    store = UnrollStore(T, FIELDS, capacity=3)
+    store = UnrollStore(T + 1, FIELDS, capacity=3)
     slots = np.array([0, 1, 2])
     for t in range(T - 1):
         store.append(slots, step_for(slots, t))
@@ -161,7 +161,7 @@ def test_store_drop_discards_partial_unroll():
 
 
 def test_store_drop_after_full_unroll_discards_overlap_step():
-    store = UnrollStore(T, FIELDS, capacity=1)
+    store = UnrollStore(T + 1, FIELDS, capacity=1)
     slots = np.array([0])
     for t in range(T + 1):
         store.append(slots, step_for(slots, t))
@@ -175,7 +175,7 @@ def test_store_drop_after_full_unroll_discards_overlap_step():
 
 
 def test_store_ensure_capacity_keeps_data():
-    store = UnrollStore(T, FIELDS, capacity=2)
+    store = UnrollStore(T + 1, FIELDS, capacity=2)
     assert store.capacity == 2
     store.append(np.array([0, 1]), step_for([0, 1], 0))
     store.append(np.array([1]), step_for([1], 1))
@@ -211,7 +211,7 @@ def test_store_ensure_capacity_keeps_data():
 
 
 def test_store_append_rejects_wrong_fields():
-    store = UnrollStore(T, FIELDS, capacity=1)
+    store = UnrollStore(T + 1, FIELDS, capacity=1)
     step = step_for([0], 0)
     del step["action"]
     with pytest.raises(KeyError):
@@ -486,3 +486,45 @@ def test_table_restart_with_new_run_id_supersedes_old_entry():
     again, superseded = table.connect("a", "r3", 2)
     assert superseded is None or superseded.closed
     assert table.num_connected == 2 and table.runs_started == 4
+
+
+def test_store_longer_overlap_trains_every_step_once():
+    """R2D2-style cutting: sequences of L steps sharing `overlap` steps.
+
+    Step t of an env lands in the non-overlapping tail of exactly one
+    sequence, and sequence k starts at k * (L - overlap).
+    """
+    length, overlap = 7, 3
+    store = UnrollStore(length, FIELDS, overlap=overlap, capacity=2)
+    slots = np.array([0, 1])
+    out = []
+    for t in range(length + 3 * (length - overlap)):
+        unrolls = store.append(slots, step_for(slots, t))
+        if unrolls is not None:
+            out.append(unrolls)
+    assert len(out) == 4
+    stride = length - overlap
+    for k, unrolls in enumerate(out):
+        for row, slot in enumerate(slots):
+            assert_unroll(unrolls, row, slot, range(k * stride, k * stride + length))
+
+
+def test_store_initial_only_fields_emit_first_step():
+    fields = dict(FIELDS, core=StepFieldSpec((2,), np.float32))
+    store = UnrollStore(4, fields, overlap=1, initial_only=frozenset({"core"}), capacity=1)
+    slots = np.array([0])
+    emitted = []
+    for t in range(7):
+        step = dict(step_for(slots, t), core=np.full((1, 2), t, np.float32))
+        unrolls = store.append(slots, step)
+        if unrolls is not None:
+            emitted.append(unrolls)
+    assert [u["core"].shape for u in emitted] == [(1, 2), (1, 2)]
+    # Sequence k starts at step 3k: its stored state is the one of that step.
+    assert [float(u["core"][0, 0]) for u in emitted] == [0.0, 3.0]
+    assert emitted[0]["reward"].shape == (1, 4)
+
+
+def test_store_rejects_overlap_not_below_length():
+    with pytest.raises(ValueError):
+        UnrollStore(4, FIELDS, overlap=4)

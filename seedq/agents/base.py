@@ -1,13 +1,16 @@
 """The one small interface through which an agent plugs into the learner.
 
-The server calls `act` (batched, jitted, padded) for every inference batch and
-stores what it returns per step in the unroll under construction; the learner
-calls `update` on batches of finished unrolls and publishes
+The server calls `act` (batched, jitted, padded) for every inference batch,
+keeps the agent's recurrent `core_state` per env, and stores what `act`
+returns per step in the sequence under construction. Finished sequences go to
+the agent's `BatchSource` (a FIFO for V-trace, prioritized replay for R2D2),
+the learner calls `update` on the batches it yields, and publishes
 `inference_params(state)` to the server after every step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -23,6 +26,32 @@ class StepFieldSpec(NamedTuple):
     dtype: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class SequenceSpec:
+    """How the server cuts each env's stream of steps into training sequences.
+
+    Consecutive sequences share `overlap` steps: 1 for V-trace (the bootstrap
+    observation), burn-in + n-step for R2D2, so that every step is trained on.
+    """
+
+    length: int
+    overlap: int
+
+    def __post_init__(self):
+        if not 0 <= self.overlap < self.length:
+            raise ValueError(f"sequence overlap {self.overlap} must be in [0, length={self.length})")
+
+
+class BatchSource(Protocol):
+    """Between the server's sequence queue and the training step."""
+
+    def next_batch(self, stop) -> Any | None:
+        """The next training batch, or None once `stop` (threading.Event) is set."""
+
+    def after_update(self, batch, metrics) -> None:
+        """Feedback from the update (e.g. new priorities)."""
+
+
 class Agent(Protocol):
     def init(self, rng) -> Any:
         """Learner state (parameters, optimiser state, counters)."""
@@ -30,11 +59,45 @@ class Agent(Protocol):
     def inference_params(self, learner_state) -> Params:
         """The parameters the inference server uses (e.g. quantised)."""
 
+    def sequence_spec(self) -> SequenceSpec: ...
+
     def act_outputs(self) -> dict[str, StepFieldSpec]:
         """Extra per-step arrays `act` returns for the learner (e.g. behaviour logits)."""
 
-    def act(self, params, rng, obs, first) -> tuple[Any, dict[str, Any], Any]:
-        """Pure, jittable: [N, *obs] observations -> (actions [N, ...], outputs, new rng)."""
+    def initial_core_state(self, n: int) -> dict[str, np.ndarray]:
+        """Recurrent state of `n` fresh envs ({} for feed-forward agents)."""
 
-    def update(self, learner_state, batch: dict[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:
-        """Pure, jittable: one optimiser step on a batch of unrolls [B, T+1, ...]."""
+    def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-env constants `act` needs (e.g. R2D2's per-env epsilon), by env slot."""
+
+    def act(self, params, rng, obs, first, core_state, inputs):
+        """Pure, jittable, batched over N envs.
+
+        (params, rng, obs [N, *obs], first [N] bool, core_state {k: [N, ...]},
+        inputs {k: [N, ...]}) -> (actions [N, ...], outputs {k: [N, ...]},
+        new core_state, new rng). `first` marks the first step of an episode:
+        recurrent agents reset their state there.
+        """
+
+    def update(self, learner_state, batch) -> tuple[Any, dict[str, Any]]:
+        """Pure, jittable: one optimiser step on a training batch."""
+
+    def make_batch_source(self, queue) -> BatchSource: ...
+
+
+class FifoBatches:
+    """On-policy batch source: sequences are trained on once, in arrival order."""
+
+    def __init__(self, queue, batch_size: int):
+        self.queue = queue
+        self.batch_size = batch_size
+
+    def next_batch(self, stop):
+        while not stop.is_set():
+            batch = self.queue.get(self.batch_size, timeout=0.2)
+            if batch is not None:
+                return batch
+        return None
+
+    def after_update(self, batch, metrics) -> None:
+        pass

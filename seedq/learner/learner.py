@@ -57,7 +57,6 @@ class Learner:
             self.spec,
             self.table,
             self.queue,
-            unroll_length=config.vtrace.unroll_length,
             max_batch_size=config.server.max_batch_size,
             batch_timeout_ms=config.server.batch_timeout_ms,
             rng=act_rng,
@@ -75,6 +74,7 @@ class Learner:
         self._server_error: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self._update = jax.jit(self.agent.update)
+        self.batches = self.agent.make_batch_source(self.queue)
 
     # --- lifecycle ---
 
@@ -133,25 +133,28 @@ class Learner:
     # --- training thread ---
 
     def _train_loop(self) -> None:
-        batch_size = self.config.vtrace.batch_size
-        frames_per_batch = batch_size * self.config.vtrace.unroll_length
+        frames_per_batch = None
         try:
             self._warm_up()
-            batch = self._next_batch(batch_size)
+            batch = self._next_batch()
             while batch is not None:
                 # Dispatch is asynchronous: the update runs while we fetch and
                 # transfer the next batch (prefetching).
                 state, metrics = self._update(self.state, batch)
-                batch = self._next_batch(batch_size)
+                next_batch = self._next_batch()
                 # Publish only finished parameters, so inference never stalls
                 # waiting for an update in flight.
                 jax.block_until_ready(state.params)
                 self.state = state
                 self.version += 1
                 self.inference.publish(self.agent.inference_params(state), self.version)
+                self.batches.after_update(batch, metrics)
+                if frames_per_batch is None:
+                    frames_per_batch = self._frames_in(batch)
                 self.train_steps += 1
                 self.trained_frames += frames_per_batch
                 self._metrics_pending = metrics
+                batch = next_batch
         except QueueClosed:
             pass
         except Exception as e:
@@ -160,22 +163,34 @@ class Learner:
             self._stop.set()
 
     def _drain_loop(self) -> None:
-        while self._next_batch(1, to_device=False) is not None:
+        while self.queue.get(1, timeout=0.2) is not None or not self._stop.is_set():
             pass
 
     def _warm_up(self) -> None:
-        """Compiles the update while the first unrolls are being collected."""
-        fields = self.inference.store.fields
-        shape = (self.config.vtrace.batch_size, self.inference.store.length)
-        zeros = {name: np.zeros(shape + f.shape, f.dtype) for name, f in fields.items()}
+        """Compiles the update while the first sequences are being collected."""
+        source = getattr(self.batches, "example_batch", None)
+        if source is None:
+            store = self.inference.store
+            size = getattr(self.batches, "batch_size", 1)
+            zeros = {
+                name: np.zeros(
+                    (size,) + (() if name in store.initial_only else (store.length,)) + f.shape,
+                    f.dtype,
+                )
+                for name, f in store.fields.items()
+            }
+        else:
+            zeros = source()
         jax.block_until_ready(self._update(self.state, zeros))  # result discarded
 
-    def _next_batch(self, batch_size: int, to_device: bool = True):
-        while not self._stop.is_set():
-            batch = self.queue.get(batch_size, timeout=0.2)
-            if batch is not None:
-                return jax.device_put(batch) if to_device else batch
-        return None
+    def _frames_in(self, batch) -> int:
+        """New env steps in a batch of sequences (overlapping steps counted once)."""
+        sequence = self.agent.sequence_spec()
+        return int(np.shape(batch["reward"])[0]) * (sequence.length - sequence.overlap)
+
+    def _next_batch(self):
+        batch = self.batches.next_batch(self._stop)
+        return None if batch is None else jax.device_put(batch)
 
     # --- reporting (caller's thread) ---
 
@@ -188,4 +203,5 @@ class Learner:
 
     def params_numpy(self):
         return jax.device_get(self.state)
+
 

@@ -31,6 +31,15 @@ from seedq.wire.codec import EnvSpec, Steps
 log = logging.getLogger("seedq.server")
 
 
+def _pad(x: np.ndarray, size: int, fill=0) -> np.ndarray:
+    """Pads axis 0 to `size` (fixed shapes: one compiled program per bucket)."""
+    if len(x) == size:
+        return x
+    out = np.full((size, *x.shape[1:]), fill, x.dtype)
+    out[: len(x)] = x
+    return out
+
+
 def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
     """Powers of two from `smallest` up to (and including) max_batch_size."""
     sizes, size = [], smallest
@@ -79,7 +88,6 @@ class InferenceServer:
         table: EnvTable,
         queue: UnrollQueue,
         *,
-        unroll_length: int,
         max_batch_size: int,
         batch_timeout_ms: float,
         rng: jax.Array,
@@ -91,7 +99,18 @@ class InferenceServer:
         self.max_batch_size = max_batch_size
         self.timeout = batch_timeout_ms / 1000.0
         self.buckets = bucket_sizes(max_batch_size)
-        self.store = UnrollStore(unroll_length, self._step_fields(agent, spec))
+        sequence = agent.sequence_spec()
+        # Recurrent state per env slot, kept between steps (empty for MLPs).
+        self._core = {k: np.asarray(v) for k, v in agent.initial_core_state(64).items()}
+        core_fields = {
+            "core/" + k: StepFieldSpec(v.shape[1:], v.dtype) for k, v in self._core.items()
+        }
+        self.store = UnrollStore(
+            sequence.length,
+            {**self._step_fields(agent, spec), **core_fields},
+            overlap=sequence.overlap,
+            initial_only=frozenset(core_fields),
+        )
         self.stats = InferenceStats()
         self._rng = rng
         self._published: tuple[object, int] | None = None
@@ -100,6 +119,7 @@ class InferenceServer:
         self._closing = False
         self._has_work: asyncio.Event | None = None
         self._act = jax.jit(agent.act)
+        self._inputs: dict[str, np.ndarray] = {}
         self._compiled: set[int] = set()
 
     @staticmethod
@@ -133,9 +153,18 @@ class InferenceServer:
         entry, superseded = self.table.connect(actor_id, run_id, num_envs)
         if superseded is not None:  # the table already released its slots
             self.store.drop(superseded.slots)
-        self.store.ensure_capacity(self.table.num_slots)
+        self._ensure_capacity(self.table.num_slots)
         self.store.drop(entry.slots)  # a reused block must not inherit steps
+        self._inputs = self.agent.actor_inputs(np.arange(self.table.num_slots))
         return entry, superseded
+
+    def _ensure_capacity(self, num_slots: int) -> None:
+        self.store.ensure_capacity(num_slots)
+        for name, table in self._core.items():
+            if len(table) < num_slots:
+                grown = np.zeros((max(num_slots, 2 * len(table)), *table.shape[1:]), table.dtype)
+                grown[: len(table)] = table
+                self._core[name] = grown
 
     def release(self, entry: ActorEntry) -> None:
         """Actor gone or restarted: forget its envs and its partial unrolls."""
@@ -249,28 +278,29 @@ class InferenceServer:
             self._compiled.add(size)
             self.stats.compiles += 1
             log.info("compiling inference for batch size %d", size)
-        padded_obs = np.zeros((size, *obs.shape[1:]), obs.dtype)
-        padded_obs[:n] = obs
-        padded_first = np.ones(size, bool)
-        padded_first[:n] = first
         params, version = self._published
-        actions, outputs, self._rng = self._act(params, self._rng, padded_obs, padded_first)
-        actions = np.asarray(actions)[:n]
-        outputs = {k: np.asarray(v)[:n] for k, v in outputs.items()}
-
-        self.store.ensure_capacity(self.table.num_slots)
-        unrolls = self.store.append(
-            slots,
-            {
-                "obs": obs,
-                "reward": rewards,
-                "terminated": terminated,
-                "truncated": truncated,
-                "first": first,
-                "action": actions,
-                **outputs,
-            },
+        actions, outputs, new_core, self._rng = self._act(
+            params,
+            self._rng,
+            _pad(obs, size),
+            _pad(first, size, fill=True),
+            {k: _pad(v[slots], size) for k, v in self._core.items()},
+            {k: _pad(v[slots], size) for k, v in self._inputs.items()},
         )
+        actions = np.asarray(actions)[:n]
+        step = {
+            "obs": obs,
+            "reward": rewards,
+            "terminated": terminated,
+            "truncated": truncated,
+            "first": first,
+            "action": actions,
+            **{k: np.asarray(v)[:n] for k, v in outputs.items()},
+        }
+        for name, table in self._core.items():
+            step["core/" + name] = table[slots]  # the state this step was acted from
+            table[slots] = np.asarray(new_core[name])[:n]
+        unrolls = self.store.append(slots, step)
         self.stats.batches += 1
         self.stats.env_steps += n
         self.stats.padded_steps += size

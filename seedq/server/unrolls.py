@@ -1,10 +1,12 @@
 """Unroll assembly on the learner and the bounded queue into training.
 
-`UnrollStore` keeps one unroll under construction per env slot, in
-preallocated arrays [slots, T+1, ...], so appending a whole inference batch is
-a handful of vectorised writes. A finished unroll keeps its last step as the
-first step of the next one (one-step overlap: the last observation is the
-V-trace bootstrap of one unroll and the first input of the next).
+`UnrollStore` keeps one sequence under construction per env slot, in
+preallocated arrays [slots, length, ...], so appending a whole inference
+batch is a handful of vectorised writes. A finished sequence keeps its last
+`overlap` steps as the first steps of the next one: one step for V-trace (the
+bootstrap observation of one unroll is the first input of the next),
+burn-in + n steps for R2D2. Fields named in `initial_only` (recurrent state)
+are emitted for the first step only.
 
 `UnrollQueue` is the bounded hand-off to the training thread: when it is
 full, `put` blocks (the inference loop then stops answering actors), so a
@@ -22,10 +24,20 @@ from seedq.agents.base import StepFieldSpec
 
 
 class UnrollStore:
-    def __init__(self, unroll_length: int, fields: dict[str, StepFieldSpec], capacity: int = 64):
-        if unroll_length < 1:
-            raise ValueError(f"unroll_length={unroll_length}: must be >= 1")
-        self.length = unroll_length + 1  # T+1 steps: T transitions plus the bootstrap step
+    def __init__(
+        self,
+        length: int,
+        fields: dict[str, StepFieldSpec],
+        *,
+        overlap: int = 1,
+        initial_only: frozenset[str] = frozenset(),
+        capacity: int = 64,
+    ):
+        if length < 2 or not 0 <= overlap < length:
+            raise ValueError(f"sequence length={length}, overlap={overlap}: need 0 <= overlap < length, length >= 2")
+        self.length = length
+        self.overlap = overlap
+        self.initial_only = frozenset(initial_only)
         self.fields = dict(fields)
         self._buffers = {
             name: np.zeros((capacity, self.length, *spec.shape), spec.dtype)
@@ -59,10 +71,11 @@ class UnrollStore:
         return self._position[slots].copy()
 
     def append(self, slots: np.ndarray, step: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """Writes one step for each of `slots` (unique); returns finished unrolls.
+        """Writes one step for each of `slots` (unique); returns finished sequences.
 
-        step: name -> [n, *shape] for every field. Returns name -> [k, T+1, *shape]
-        for the k slots whose unroll this step completed, or None.
+        step: name -> [n, *shape] for every field. Returns name -> [k, length, *shape]
+        ([k, *shape] for `initial_only` fields) for the k slots whose sequence
+        this step completed, or None.
         """
         if step.keys() != self._buffers.keys():
             raise KeyError(f"step fields {sorted(step)} != store fields {sorted(self._buffers)}")
@@ -75,10 +88,14 @@ class UnrollStore:
         if not full.any():
             return None
         done = slots[full]
-        unrolls = {name: buf[done] for name, buf in self._buffers.items()}  # fancy index: a copy
-        for buf in self._buffers.values():
-            buf[done, 0] = buf[done, -1]
-        self._position[done] = 1
+        unrolls = {  # fancy indexing: copies
+            name: buf[done, 0] if name in self.initial_only else buf[done]
+            for name, buf in self._buffers.items()
+        }
+        if self.overlap:
+            for buf in self._buffers.values():
+                buf[done, : self.overlap] = buf[done, self.length - self.overlap :]
+        self._position[done] = self.overlap
         return unrolls
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from seedq.agents.base import StepFieldSpec
+from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
 from seedq.agents.vtrace import losses
 from seedq.config import VTraceConfig
 from seedq.wire.codec import EnvSpec
@@ -76,8 +76,21 @@ class VTraceAgent:
 
     # --- acting (inference server) ---
 
+    def sequence_spec(self) -> SequenceSpec:
+        # T transitions plus the bootstrap observation, shared with the next unroll.
+        return SequenceSpec(length=self.config.unroll_length + 1, overlap=1)
+
     def act_outputs(self) -> dict[str, StepFieldSpec]:
         return {"logits": StepFieldSpec((self.spec.num_actions,), np.float32)}
+
+    def initial_core_state(self, n: int) -> dict[str, np.ndarray]:
+        return {}  # feed-forward
+
+    def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {}
+
+    def make_batch_source(self, queue) -> FifoBatches:
+        return FifoBatches(queue, self.config.batch_size)
 
     def init(self, rng: jax.Array) -> LearnerState:
         dummy = jnp.zeros((1, int(np.prod(self.spec.obs_shape))), jnp.float32)
@@ -87,13 +100,13 @@ class VTraceAgent:
     def inference_params(self, state: LearnerState):
         return state.params
 
-    def act(self, params, rng, obs, first):
-        """obs [N, *obs_shape] -> (actions int32 [N], {"logits": [N, A]}, new rng)."""
-        del first  # feed-forward policy: episode starts need no state reset
+    def act(self, params, rng, obs, first, core_state, inputs):
+        """obs [N, *obs_shape] -> (actions int32 [N], {"logits": [N, A]}, {}, new rng)."""
+        del first, inputs  # feed-forward policy: episode starts need no state reset
         rng, sample_rng = jax.random.split(rng)
         logits, _ = self.network.apply(params, _flatten_obs(obs, 1))
         actions = jax.random.categorical(sample_rng, logits).astype(jnp.int32)
-        return actions, {"logits": logits}, rng
+        return actions, {"logits": logits}, core_state, rng
 
     # --- learning ---
 

@@ -1,0 +1,26 @@
+"""Inference precision: fp32, bf16 and int8 (post-training quantization).
+
+`publish(params, precision, layers)` turns fp32 parameters into what the
+inference server runs; `apply(module, published, precision, *args)` runs any
+flax network at that precision through one interception mechanism
+(`seedq.quant.layers`). Training always stays fp32.
+"""
+
+from seedq.quant.layers import apply, find_layers, quantizable_paths, scale_pixels
+from seedq.quant.quantize import (
+    PRECISIONS,
+    publish,
+    quantize_per_channel,
+    quantize_rows,
+)
+
+__all__ = [
+    "PRECISIONS",
+    "apply",
+    "find_layers",
+    "publish",
+    "quantizable_paths",
+    "quantize_per_channel",
+    "quantize_rows",
+    "scale_pixels",
+]

@@ -1,0 +1,430 @@
+"""One mechanism for bf16/int8 inference of any flax network: method interception.
+
+`apply(module, published, precision, *args)` runs the *same* flax module that
+training uses, inside `flax.linen.intercept_methods`. Every `nn.Dense` and
+`nn.Conv` call is routed here:
+
+  * bf16: floating inputs are cast to bfloat16, so with the bf16 parameters
+    from `quantize.publish` the layer computes in bfloat16.
+  * int8: the layer's published {"kernel_q", "kernel_scale", "bias"} are used
+    instead of its fp32 kernel. Inputs are quantized per row (per sample)
+    dynamically, products are int8 x int8 -> int32 (`lax.dot_general` /
+    `lax.conv_general_dilated` with `preferred_element_type=int32`), then
+    rescaled by scale_x[n] * scale_w[o] and the fp32 bias added.
+
+Anything else (activations, pooling, residual adds, LSTM gate arithmetic,
+dueling-head combination) runs unchanged, in fp32. LSTM/GRU cells made of
+`nn.Dense` (flax's `LSTMCell`, `GRUCell`) are covered by the Dense rule.
+
+Pixels: networks turn uint8 frames into floats with `scale_pixels`. Inside an
+int8 apply that call remembers the raw uint8 array, and a layer fed exactly
+that value uses the integers as they are (scale 1/255) instead of
+re-quantizing them.
+
+Convolutions have two int8 implementations:
+  * "patches": the padded int8 input is cut into kh*kw strided slices,
+    concatenated into patches [N, Ho, Wo, kh*kw*C] and multiplied by the
+    kernel [kh*kw*C, O] with one int8 matmul;
+  * "native": XLA's integer convolution.
+With the default conv policy "auto" the first trace of each layer shape
+(input shape/dtype, kernel shape, strides; so per batch size) times both on
+random int8 data, interleaved, and keeps the faster (`conv_choices()` lists
+the decisions and timings). If a candidate fails to compile (XLA:GPU has no
+int8 convolution) the other is used; if timing itself fails, "patches".
+`SEEDQ_INT8_CONV=patches|native|auto` or the `conv_impl` argument overrides.
+
+Layers the int8 rule does not implement (1-D/3-D or dilated or grouped
+convolutions, masked convolutions, modules other than Dense/Conv that own a
+"kernel") are found by `find_layers` and left out of quantization: they stay
+fp32 in the published parameters and run unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from seedq.quant import quantize as qz
+
+CONV_IMPLS = ("patches", "native")
+CONV_POLICIES = ("auto",) + CONV_IMPLS
+_DN = ("NHWC", "HWIO", "NHWC")
+_DOT_LAST = (((1,), (0,)), ((), ()))
+
+
+@dataclasses.dataclass
+class _ApplyState:
+    precision: str
+    conv_policy: str
+    # id(float array) -> (that array, raw integer array, scale): see scale_pixels.
+    pixels: dict = dataclasses.field(default_factory=dict)
+    # When set, find_layers' recorder: called with (module, input) per layer.
+    record: Callable[[nn.Module, Any], None] | None = None
+
+    def pixel_source(self, x):
+        hit = self.pixels.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1], hit[2]
+        return None
+
+
+_ACTIVE: contextvars.ContextVar[_ApplyState | None] = contextvars.ContextVar(
+    "seedq_quant_apply", default=None
+)
+
+
+def scale_pixels(x: jax.Array, scale: float = 1.0 / 255.0) -> jax.Array:
+    """Integer pixels -> float32 `x * scale`; int8-aware (see the module docstring)."""
+    y = x.astype(jnp.float32) * jnp.float32(scale)
+    state = _ACTIVE.get()
+    if state is not None and state.precision == "int8" and x.dtype == jnp.uint8:
+        state.pixels[id(y)] = (y, x, float(scale))
+    return y
+
+
+# --- applying a network ------------------------------------------------------
+
+
+def default_conv_policy() -> str:
+    policy = os.environ.get("SEEDQ_INT8_CONV", "auto").strip().lower() or "auto"
+    if policy not in CONV_POLICIES:
+        raise ValueError(f"SEEDQ_INT8_CONV={policy!r}: choose one of {', '.join(CONV_POLICIES)}")
+    return policy
+
+
+def apply(module: nn.Module, published, precision: str, *args, method=None,
+          conv_impl: str | None = None, **kwargs):
+    """`module.apply(published, *args)` at `precision` ("fp32" | "bf16" | "int8").
+
+    `published` is `quantize.publish(params, precision, ...)`. Floating
+    outputs are returned as float32 whatever the precision. Jittable.
+    """
+    if precision == "fp32":
+        return module.apply(published, *args, method=method, **kwargs)
+    if precision not in qz.PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(qz.PRECISIONS)}")
+    policy = conv_impl or default_conv_policy()
+    if policy not in CONV_POLICIES:
+        raise ValueError(f"conv_impl={policy!r}: choose one of {', '.join(CONV_POLICIES)}")
+    token = _ACTIVE.set(_ApplyState(precision, policy))
+    try:
+        with nn.intercept_methods(_intercept):
+            out = module.apply(published, *args, method=method, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    return jax.tree.map(
+        lambda y: y.astype(jnp.float32) if jnp.issubdtype(y.dtype, jnp.floating) else y, out
+    )
+
+
+def _intercept(next_fun, args, kwargs, context):
+    state = _ACTIVE.get()
+    module = context.module
+    if (
+        state is None
+        or context.method_name != "__call__"
+        or not isinstance(module, (nn.Dense, nn.Conv))
+    ):
+        return next_fun(*args, **kwargs)
+    x = args[0] if args else kwargs["inputs"]
+    if state.record is not None:
+        state.record(module, x)
+        return next_fun(*args, **kwargs)
+    if state.precision == "bf16":
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(jnp.bfloat16)
+        return next_fun(x)
+    params = module.variables.get("params", {})
+    if qz.QKERNEL not in params:  # left in fp32 at publish time
+        return next_fun(*args, **kwargs)
+    pixels = state.pixel_source(x)
+    if isinstance(module, nn.Conv):
+        return conv_int8(module, x, params, pixels, state.conv_policy)
+    return dense_int8(x, params, pixels)
+
+
+# --- int8 layers ---------------------------------------------------------------
+
+
+def dense_int8(x: jax.Array, params: dict, pixels=None) -> jax.Array:
+    """x [..., K] -> [..., O] with the published int8 kernel [K, O]."""
+    qw, sw = params[qz.QKERNEL], params[qz.QSCALE]
+    k, o = qw.shape
+    lead = x.shape[:-1]
+    if pixels is not None:
+        raw, scale = pixels
+        qx = raw.reshape(-1, k)
+        sx = jnp.full((qx.shape[0],), scale, jnp.float32)
+    else:
+        qx, sx = qz.quantize_rows(x.reshape(-1, k))
+    acc = lax.dot_general(qx, qw, _DOT_LAST, preferred_element_type=jnp.int32)
+    y = acc.astype(jnp.float32) * (sx[:, None] * sw[None, :])
+    if "bias" in params:
+        y = y + params["bias"]
+    return y.reshape(lead + (o,))
+
+
+def conv_supported(module: nn.Module, x_ndim: int) -> bool:
+    """Whether `conv_int8` implements this `nn.Conv` configuration."""
+    if len(module.kernel_size) != 2 or x_ndim < 3:
+        return False
+    if getattr(module, "mask", None) is not None or module.feature_group_count != 1:
+        return False
+    for dilation in (module.input_dilation, module.kernel_dilation):
+        if dilation not in (None, 1) and tuple(np.broadcast_to(dilation, (2,))) != (1, 1):
+            return False
+    padding = module.padding
+    if isinstance(padding, str):
+        return padding.upper() in ("SAME", "VALID")
+    return True
+
+
+def _explicit_padding(module: nn.Module, spatial: tuple[int, int], strides: tuple[int, int]):
+    padding = module.padding
+    if isinstance(padding, str):
+        return lax.padtype_to_pads(spatial, module.kernel_size, strides, padding.upper())
+    if isinstance(padding, int):
+        return [(padding, padding)] * 2
+    pads = []
+    for p in padding:
+        pads.append((p, p) if isinstance(p, int) else tuple(p))
+    return pads
+
+
+def conv_int8(module: nn.Module, x: jax.Array, params: dict, pixels=None,
+              policy: str = "auto") -> jax.Array:
+    """2-D `nn.Conv` in int8: x [*batch, H, W, C] -> [*batch, Ho, Wo, O]."""
+    qw, sw = params[qz.QKERNEL], params[qz.QSCALE]
+    batch_shape = x.shape[:-3]
+    strides = tuple(int(s) for s in np.broadcast_to(module.strides or 1, (2,)))
+    n = int(np.prod(batch_shape)) if batch_shape else 1
+    if pixels is not None:
+        raw, scale = pixels
+        qx = raw.reshape((n,) + raw.shape[-3:])
+        sx = jnp.full((n,), scale, jnp.float32)
+    else:
+        qx, sx = qz.quantize_rows(x.reshape((n,) + x.shape[-3:]))
+    pads = _explicit_padding(module, qx.shape[1:3], strides)
+    qx = jnp.pad(qx, ((0, 0), *pads, (0, 0)))
+    impl = choose_conv_impl(qx.shape, qx.dtype, qw.shape, strides, policy)
+    acc = CONV_FUNCTIONS[impl](qx, qw, strides)
+    y = acc.astype(jnp.float32) * (sx[:, None, None, None] * sw)
+    if "bias" in params:
+        y = y + params["bias"]
+    return y.reshape(batch_shape + y.shape[1:])
+
+
+def conv_patches(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.Array:
+    """Padded integer input [N, Hp, Wp, C] (int8 or uint8) x int8 kernel -> int32 (VALID)."""
+    kh, kw, c, o = qw.shape
+    n, hp, wp, _ = qx.shape
+    sh, sw = strides
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    cols = [
+        lax.slice(qx, (0, i, j, 0), (n, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, c), (1, sh, sw, 1))
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    patches = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+    return lax.dot_general(
+        patches, qw.reshape(kh * kw * c, o), (((3,), (0,)), ((), ())),
+        preferred_element_type=jnp.int32,
+    )
+
+
+def conv_native(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.Array:
+    """XLA integer convolution (VALID). uint8 inputs are shifted to int8 exactly:
+    conv(x, w) = conv(x - 128, w) + 128 * sum(w) per output channel."""
+    if qx.dtype == jnp.uint8:
+        shifted = (qx.astype(jnp.int16) - 128).astype(jnp.int8)
+        acc = conv_native(shifted, qw, strides)
+        return acc + 128 * jnp.sum(qw.astype(jnp.int32), axis=(0, 1, 2))
+    return lax.conv_general_dilated(
+        qx, qw, strides, "VALID", dimension_numbers=_DN, preferred_element_type=jnp.int32
+    )
+
+
+CONV_FUNCTIONS = {"patches": conv_patches, "native": conv_native}
+
+
+# --- measured choice of the convolution implementation ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvChoice:
+    impl: str
+    seconds: dict  # impl -> seconds per call (None: failed)
+    reason: str
+
+
+_CHOICES: dict[tuple, ConvChoice] = {}
+_CHOICES_LOCK = threading.Lock()
+
+
+def conv_choices() -> dict[tuple, ConvChoice]:
+    """Decisions made so far: (platform, x shape, x dtype, kernel shape, strides) -> choice."""
+    with _CHOICES_LOCK:
+        return dict(_CHOICES)
+
+
+def choose_conv_impl(x_shape, x_dtype, w_shape, strides, policy: str = "auto") -> str:
+    if policy in CONV_IMPLS:
+        return policy
+    key = (jax.default_backend(), tuple(x_shape), str(np.dtype(x_dtype)), tuple(w_shape), tuple(strides))
+    with _CHOICES_LOCK:
+        hit = _CHOICES.get(key)
+    if hit is None:
+        hit = _calibrate(x_shape, np.dtype(x_dtype), w_shape, tuple(strides))
+        with _CHOICES_LOCK:
+            hit = _CHOICES.setdefault(key, hit)
+    return hit.impl
+
+
+def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.25) -> ConvChoice:
+    """Times every implementation on random data of these shapes (interleaved, best of rounds)."""
+    try:
+        with jax.ensure_compile_time_eval():
+            rng = np.random.default_rng(0)
+            info = np.iinfo(x_dtype)
+            qx = jnp.asarray(rng.integers(max(info.min, -127), min(info.max, 127) + 1, x_shape, x_dtype))
+            qw = jnp.asarray(rng.integers(-127, 128, w_shape, np.int8))
+            fns, seconds = {}, {}
+            for impl, fn in CONV_FUNCTIONS.items():
+                try:
+                    f = jax.jit(fn, static_argnums=2)
+                    jax.block_until_ready(f(qx, qw, strides))
+                    fns[impl] = f
+                except Exception:  # e.g. no integer convolution on this backend
+                    seconds[impl] = None
+            if not fns:
+                return ConvChoice("patches", seconds, "no implementation compiled")
+            if len(fns) == 1:
+                (impl,) = fns
+                return ConvChoice(impl, seconds, "the only implementation that compiled")
+            measured = time_interleaved(fns, (qx, qw, strides), budget_s)
+            seconds.update(measured)
+            best = min(measured, key=measured.get)
+            return ConvChoice(best, seconds, "measured")
+    except Exception as e:  # timing must never break inference
+        return ConvChoice("patches", {}, f"calibration failed ({type(e).__name__}); default")
+
+
+def time_interleaved(fns: dict[str, Callable], args: tuple, budget_s: float = 0.25,
+                     rounds: int = 5) -> dict[str, float]:
+    """Best-of-rounds seconds per call of each (already compiled) function.
+
+    Each round runs every function in turn, so load changes hit all of them
+    alike; the number of calls per round is sized to spend ~budget_s total.
+    """
+    single = {}
+    for name, f in fns.items():
+        started = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        single[name] = max(time.perf_counter() - started, 1e-6)
+    per_round = budget_s / rounds
+    calls = {name: max(1, int(per_round / len(fns) / t)) for name, t in single.items()}
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, f in fns.items():
+            started = time.perf_counter()
+            for _ in range(calls[name]):
+                out = f(*args)
+            jax.block_until_ready(out)
+            best[name] = min(best[name], (time.perf_counter() - started) / calls[name])
+    return best
+
+
+# --- finding the layers of a network -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerInfo:
+    """One Dense/Conv call found by `find_layers`."""
+
+    path: tuple[str, ...]  # inside the "params" collection
+    kind: str  # "dense" | "conv"
+    module: nn.Module  # an unbound copy of the layer (same configuration)
+    input: jax.ShapeDtypeStruct
+    pixels: bool  # fed by scale_pixels (exact integer input in int8 mode)
+    quantizable: bool  # implemented by the int8 rule
+
+
+def find_layers(module: nn.Module, *args, method=None, **kwargs) -> list[LayerInfo]:
+    """Traces `module.init(rng, *args)` abstractly and lists its Dense/Conv calls.
+
+    Layers called more than once (shared weights) are listed once, with the
+    first call's input.
+    """
+    found: dict[tuple[str, ...], LayerInfo] = {}
+    state = _ApplyState("int8", "patches")
+
+    def record(layer: nn.Module, x) -> None:
+        path = tuple(layer.scope.path)
+        if path in found:
+            return
+        if isinstance(layer, nn.Conv):
+            kind, ok = "conv", conv_supported(layer, x.ndim)
+        else:
+            kind, ok = "dense", True
+        found[path] = LayerInfo(
+            path=path,
+            kind=kind,
+            module=layer.clone(parent=None, name=None),
+            input=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            pixels=state.pixel_source(x) is not None,
+            quantizable=ok,
+        )
+
+    state.record = record
+
+    def init(*a, **kw):
+        token = _ACTIVE.set(state)
+        try:
+            with nn.intercept_methods(_intercept):
+                return module.init(jax.random.PRNGKey(0), *a, method=method, **kw)
+        finally:
+            _ACTIVE.reset(token)
+
+    jax.eval_shape(init, *args, **kwargs)
+    return list(found.values())
+
+
+def quantizable_paths(layers: list[LayerInfo]) -> tuple[tuple[str, ...], ...]:
+    """The `layers` argument for `quantize.publish`."""
+    return tuple(layer.path for layer in layers if layer.quantizable)
+
+
+def layer_fn(layer: LayerInfo, precision: str, conv_impl: str | None = None) -> Callable:
+    """A jittable `f(layer_params, x)` running just this layer at `precision`.
+
+    `layer_params` is the layer's published dict; for a pixel-fed layer `x` is
+    the raw uint8 input. Used by the per-layer profile.
+    """
+    mod = layer.module
+
+    def run(layer_params, x):
+        if layer.pixels:
+            x = scale_pixels(x)
+        return mod.apply({"params": layer_params}, x)
+
+    def f(layer_params, x):
+        if precision == "fp32":
+            return run(layer_params, x)
+        token = _ACTIVE.set(_ApplyState(precision, conv_impl or default_conv_policy()))
+        try:
+            with nn.intercept_methods(_intercept):
+                return run(layer_params, x).astype(jnp.float32)
+        finally:
+            _ACTIVE.reset(token)
+
+    return f
