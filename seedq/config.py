@@ -83,6 +83,22 @@ class TrainConfig:
     # Address the learner listens on; default: a unix socket in the run dir.
     address: str = ""
     log_every_seconds: float = 2.0
+    # The learner trains only once this many actors have connected (0: start
+    # as they arrive); mostly for `seedq learner` with actors on other machines.
+    min_actors: int = 0
+    # Checkpoints in <logdir>/checkpoints: every `checkpoint_every_seconds`
+    # and/or every `checkpoint_every_steps` train steps (0 disables a trigger)
+    # and always at shutdown; only the newest `checkpoints_to_keep` are kept.
+    checkpoint_every_seconds: float = 30.0
+    checkpoint_every_steps: int = 0
+    checkpoints_to_keep: int = 3
+    # Evaluation on separate envs with greedy actions: `eval_episodes` episodes
+    # (seeded from `eval_seed`) at the end of the run, recorded in summary.json
+    # and TensorBoard, and every `eval_every_seconds` during it (0: only at the
+    # end). `eval_episodes` 0 disables evaluation.
+    eval_episodes: int = 10
+    eval_every_seconds: float = 0.0
+    eval_seed: int = 1000
     server: ServerConfig = ServerConfig()
     vtrace: VTraceConfig = VTraceConfig()
 
@@ -120,6 +136,14 @@ class TrainConfig:
             raise ValueError(f"vtrace.discount={self.vtrace.discount}: must be in [0, 1]")
         if not 0.0 <= self.vtrace.lambda_ <= 1.0:
             raise ValueError(f"vtrace.lambda_={self.vtrace.lambda_}: must be in [0, 1]")
+        if self.checkpoints_to_keep <= 0:
+            raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep}: must be > 0")
+        for name in (
+            "min_actors", "checkpoint_every_seconds", "checkpoint_every_steps",
+            "eval_episodes", "eval_every_seconds",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
         for name in ("max_seconds", "max_frames", "batch_timeout_ms"):
             section = self.server if name == "batch_timeout_ms" else self
             if getattr(section, name) < 0:

@@ -1,38 +1,242 @@
-"""Checkpoints of the learner state with orbax-checkpoint."""
+"""Checkpoints of a training run with orbax-checkpoint.
+
+Layout: `<logdir>/checkpoints/step_<train steps, 9 digits>/`, two items each:
+
+  * `state`: the learner state (parameters, optimiser state, update count)
+    as a nested dict of arrays, plus the inference RNG key;
+  * `meta`: JSON with the counters (train steps, frames, episodes, policy
+    version, elapsed seconds of all segments so far), the recent episode
+    window, the target bookkeeping and the run config.
+
+That is everything `seedq train --resume` needs to continue a run and
+`seedq eval` needs to rebuild the policy. orbax writes each step into a
+temporary directory and renames it when complete, so a crash (even SIGKILL
+mid-save) never leaves a half checkpoint that a resume would pick up; only the
+newest `checkpoints_to_keep` steps are kept.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+from typing import Any
 
 import jax
 import numpy as np
 
+FORMAT_VERSION = 1
+DIRNAME = "checkpoints"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_ITEMS = ("state", "meta")
 
-def save(logdir: str, learner) -> str:
-    """Writes the learner state (params, optimiser state, step) and counters.
 
-    Returns the checkpoint directory. orbax writes to a temporary directory
-    and renames it when complete, so a crash never leaves a half checkpoint.
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or does not fit the config (one-line message)."""
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything a checkpoint holds."""
+
+    state: Any  # the agent's learner state (host arrays)
+    rng: np.ndarray  # the inference server's PRNG key
+    counters: dict  # train_steps, trained_frames, frames, episodes, policy_version, elapsed_seconds, ...
+    episode_window: dict  # {"returns": [...], "lengths": [...]}: the recent episodes, oldest first
+    target: dict  # {"seconds_to_target": float | None, "frames_to_target": int | None}
+    config: dict  # the run config (seedq.config.to_dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.counters["train_steps"])
+
+    def meta(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "counters": self.counters,
+            "episode_window": self.episode_window,
+            "target": self.target,
+            "config": self.config,
+        }
+
+
+def _options(**kwargs):
+    import orbax.checkpoint as ocp
+
+    return ocp.CheckpointManagerOptions(step_prefix="step", step_format_fixed_length=9, **kwargs)
+
+
+def _state_tree(state, rng) -> dict:
+    from flax import serialization
+
+    return {"learner": serialization.to_state_dict(jax.device_get(state)), "rng": np.asarray(rng)}
+
+
+class CheckpointWriter:
+    """Saves snapshots of one run; asynchronous unless asked to wait."""
+
+    def __init__(self, logdir: str, keep: int):
+        import orbax.checkpoint as ocp
+
+        self.directory = os.path.abspath(os.path.join(logdir, DIRNAME))
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=_options(
+                max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+                enable_async_checkpointing=True,
+            ),
+            item_names=_ITEMS,
+        )
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"step_{step:09d}")
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, snapshot: Snapshot, *, wait: bool = False) -> str:
+        """Writes `snapshot` (host arrays) as step `train_steps`; returns its directory.
+
+        Returns at once (the files are written in the background) unless
+        `wait`; a step that is already saved is not written again.
+        """
+        import orbax.checkpoint as ocp
+
+        step = snapshot.step
+        if step not in self._manager.all_steps():
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(_state_tree(snapshot.state, snapshot.rng)),
+                    meta=ocp.args.JsonSave(snapshot.meta()),
+                ),
+                force=True,
+            )
+        if wait:
+            self._manager.wait_until_finished()
+        return self.path(step)
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def locate(path: str) -> tuple[str, int]:
+    """(checkpoints directory, step) for a run directory or a checkpoints
+    directory (their newest step) or one step directory."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such run directory or checkpoint")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a run directory or checkpoint directory")
+    match = _STEP_DIR.match(os.path.basename(path))
+    if match:
+        return os.path.dirname(path), int(match.group(1))
+    root = os.path.join(path, DIRNAME) if os.path.isdir(os.path.join(path, DIRNAME)) else path
+    steps = sorted(
+        int(m.group(1))
+        for m in (_STEP_DIR.match(name) for name in os.listdir(root))
+        if m and os.path.isdir(os.path.join(root, m.group(0)))
+    )
+    if not steps:
+        raise CheckpointError(f"{path}: no checkpoint in it (expected {DIRNAME}/step_*)")
+    return root, steps[-1]
+
+
+def _reader(root: str):
+    import orbax.checkpoint as ocp
+
+    return ocp.CheckpointManager(root, options=_options(read_only=True), item_names=_ITEMS)
+
+
+def read_meta(path: str) -> tuple[dict, str]:
+    """(the checkpoint's meta dict, its step directory) for a run, checkpoints or step directory."""
+    import orbax.checkpoint as ocp
+
+    root, step = locate(path)
+    step_dir = os.path.join(root, f"step_{step:09d}")
+    try:
+        meta = _reader(root).restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is one clear line
+        raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{step_dir}: checkpoint format {meta.get('format_version') if isinstance(meta, dict) else '?'}"
+            f" is not the supported format {FORMAT_VERSION}"
+        )
+    return meta, step_dir
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _leaves(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """'a/b/c' -> (shape, dtype name) for every array leaf."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        out[name] = (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+    return out
+
+
+def describe_mismatch(saved_tree, like_tree) -> str | None:
+    """First difference in structure, shape or dtype between two trees of arrays, or None."""
+    saved, like = _leaves(saved_tree), _leaves(like_tree)
+    for name in sorted(set(saved) | set(like)):
+        if name not in saved:
+            return f"{name} is missing from the checkpoint"
+        if name not in like:
+            return f"the checkpoint has {name}, which this config does not"
+        if saved[name] != like[name]:
+            (s_shape, s_dtype), (l_shape, l_dtype) = saved[name], like[name]
+            return (
+                f"{name} is {s_dtype}{list(s_shape)} in the checkpoint, "
+                f"{l_dtype}{list(l_shape)} in this config"
+            )
+    return None
+
+
+def restore(path: str, like_state, like_rng, *, env: str | None = None) -> tuple[Snapshot, str]:
+    """Restores the checkpoint at `path` (run, checkpoints or step directory).
+
+    `like_state` / `like_rng` are a freshly initialised learner state and RNG
+    key of the current config: the checkpoint must have exactly their
+    structure, shapes and dtypes, otherwise CheckpointError says which array
+    differs. Returns (snapshot with host arrays, step directory).
     """
     import orbax.checkpoint as ocp
+    from flax import serialization
 
-    path = os.path.abspath(os.path.join(logdir, "checkpoints", f"step_{learner.train_steps:09d}"))
-    state = {
-        "learner": learner.state,
-        "counters": {
-            "train_steps": np.int64(learner.train_steps),
-            "frames": np.int64(learner.table.frames),
-            "policy_version": np.int64(learner.version),
-        },
-    }
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(path, jax.device_get(state), force=True)
-    checkpointer.wait_until_finished()
-    return path
-
-
-def restore(path: str, like) -> dict:
-    """Restores a checkpoint written by `save` into the structure of `like`."""
-    import orbax.checkpoint as ocp
-
-    return ocp.StandardCheckpointer().restore(os.path.abspath(path), jax.device_get(like))
+    meta, step_dir = read_meta(path)
+    root, step = os.path.dirname(step_dir), int(_STEP_DIR.match(os.path.basename(step_dir)).group(1))
+    like = _state_tree(like_state, like_rng)
+    reader = _reader(root)
+    try:
+        saved = reader.item_metadata(step)["state"]
+        saved = getattr(saved, "tree", saved)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
+    mismatch = describe_mismatch(saved, like) if saved is not None else None
+    if mismatch:
+        trained_on = meta.get("config", {}).get("env", "?")
+        here = f" ({env})" if env else ""
+        raise CheckpointError(
+            f"checkpoint {step_dir} (trained on {trained_on}) is incompatible with this config{here}: "
+            f"{mismatch}"
+        )
+    try:
+        restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like)))
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{step_dir}: could not restore ({_first_line(e)})") from None
+    state = serialization.from_state_dict(jax.device_get(like_state), restored["state"]["learner"])
+    snapshot = Snapshot(
+        state=state,
+        rng=np.asarray(restored["state"]["rng"]),
+        counters=dict(meta["counters"]),
+        episode_window=dict(meta.get("episode_window") or {"returns": [], "lengths": []}),
+        target=dict(meta.get("target") or {}),
+        config=dict(meta.get("config") or {}),
+    )
+    return snapshot, step_dir

@@ -24,7 +24,7 @@ from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import InferenceServer
+from seedq.server.inference import BEHAVIOUR_VERSION, InferenceServer
 from seedq.server.service import LearnerService, start_server
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
@@ -65,6 +65,15 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
+        # (state, train_steps, trained_frames, version) change together under
+        # this lock, so a checkpoint never pairs parameters with stale counters.
+        self._state_lock = threading.Lock()
+        # Cumulative publish timing and policy-lag statistics for the reporter.
+        self.publish_seconds_total = 0.0
+        self.publishes = 0
+        self._lag_lock = threading.Lock()
+        self._lag = [0.0, 0, 0]  # sum, count, max since the last take_lag_stats()
+        self.waiting_for_actors = False
         self.last_metrics: dict | None = None
         self._metrics_pending = None
         self.error: BaseException | None = None
@@ -77,6 +86,33 @@ class Learner:
         self.batches = self.agent.make_batch_source(self.queue)
 
     # --- lifecycle ---
+
+    def restore(self, snapshot) -> None:
+        """Continues from a checkpoint (call before `start`): learner state,
+        counters, the recent episode window and the inference RNG key."""
+        counters = snapshot.counters
+        with self._state_lock:
+            self.state = jax.device_put(snapshot.state)
+            self.version = int(counters["policy_version"])
+            self.train_steps = int(counters["train_steps"])
+            self.trained_frames = int(counters["trained_frames"])
+        self.table.frames = int(counters["frames"])
+        window = snapshot.episode_window
+        self.episodes.restore(counters["episodes"], window.get("returns", []), window.get("lengths", []))
+        self.inference.set_rng(jax.device_put(snapshot.rng))
+        self.inference.publish(self.agent.inference_params(self.state), self.version)
+
+    def snapshot(self) -> tuple:
+        """(learner state, train_steps, trained_frames, policy version), consistent."""
+        with self._state_lock:
+            return self.state, self.train_steps, self.trained_frames, self.version
+
+    def take_lag_stats(self) -> tuple[float | None, int | None]:
+        """(mean, max) policy lag of the steps trained on since the last call."""
+        with self._lag_lock:
+            total, count, worst = self._lag
+            self._lag = [0.0, 0, 0]
+        return (total / count, worst) if count else (None, None)
 
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
@@ -136,6 +172,7 @@ class Learner:
         frames_per_batch = None
         try:
             self._warm_up()
+            self._wait_for_actors()
             batch = self._next_batch()
             while batch is not None:
                 # Dispatch is asynchronous: the update runs while we fetch and
@@ -145,14 +182,19 @@ class Learner:
                 # Publish only finished parameters, so inference never stalls
                 # waiting for an update in flight.
                 jax.block_until_ready(state.params)
-                self.state = state
-                self.version += 1
-                self.inference.publish(self.agent.inference_params(state), self.version)
-                self.batches.after_update(batch, metrics)
                 if frames_per_batch is None:
                     frames_per_batch = self._frames_in(batch)
-                self.train_steps += 1
-                self.trained_frames += frames_per_batch
+                with self._state_lock:
+                    self.state = state
+                    self.version += 1
+                    self.train_steps += 1
+                    self.trained_frames += frames_per_batch
+                published = time.perf_counter()
+                params = jax.block_until_ready(self.agent.inference_params(state))
+                self.inference.publish(params, self.version)
+                self.publish_seconds_total += time.perf_counter() - published
+                self.publishes += 1
+                self.batches.after_update(batch, metrics)
                 self._metrics_pending = metrics
                 batch = next_batch
         except QueueClosed:
@@ -190,7 +232,33 @@ class Learner:
 
     def _next_batch(self):
         batch = self.batches.next_batch(self._stop)
-        return None if batch is None else jax.device_put(batch)
+        if batch is None:
+            return None
+        self._record_lag(batch)
+        return jax.device_put(batch)
+
+    def _wait_for_actors(self) -> None:
+        """Holds training until `config.min_actors` actors are connected."""
+        need = self.config.min_actors
+        if not need or self.table.num_connected >= need:
+            return
+        self.waiting_for_actors = True
+        log.info("waiting for %d actors before training", need)
+        while not self._stop.is_set() and self.table.num_connected < need:
+            self._stop.wait(0.05)
+        self.waiting_for_actors = False
+
+    def _record_lag(self, batch) -> None:
+        """Policy lag: learner version when a batch is taken for training minus
+        the version that chose each of its actions."""
+        behaviour = batch.get(BEHAVIOUR_VERSION) if isinstance(batch, dict) else None
+        if behaviour is None:
+            return
+        lag = self.version - np.asarray(behaviour)
+        with self._lag_lock:
+            self._lag[0] += float(lag.sum())
+            self._lag[1] += lag.size
+            self._lag[2] = max(self._lag[2], int(lag.max()))
 
     # --- reporting (caller's thread) ---
 

@@ -53,6 +53,20 @@ class EpisodeLog:
                 self.history.append((frames, r))
             self.count += len(returns)
 
+    def window(self) -> tuple[list[float], list[int]]:
+        """(returns, lengths) of the episodes in the current window, oldest first."""
+        with self._lock:
+            return list(self._recent), list(self._lengths)
+
+    def restore(self, count: int, returns: list[float], lengths: list[int]) -> None:
+        """Continues a resumed run: its episode count and its recent window."""
+        with self._lock:
+            self.count = int(count)
+            self._recent.clear()
+            self._lengths.clear()
+            self._recent.extend(float(r) for r in returns)
+            self._lengths.extend(int(n) for n in lengths)
+
     def snapshot(self) -> tuple[int, float | None, float | None, bool]:
         """(episodes, mean return, mean length over the window, window full)."""
         with self._lock:

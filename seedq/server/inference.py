@@ -50,6 +50,10 @@ def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+# Per-step field: the policy version that chose the step's action.
+BEHAVIOUR_VERSION = "policy_version"
+
+
 class ServerClosing(Exception):
     """The learner is shutting down; the stream should end with UNAVAILABLE."""
 
@@ -75,9 +79,27 @@ class InferenceStats:
     busy_seconds: float = 0.0
     backpressure_seconds: float = 0.0
     compiles: int = 0
+    # Seconds per inference batch (batching done to actions ready), a ring.
+    latencies: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(4096))
+    latency_count: int = 0
 
     def mean_batch_size(self) -> float:
         return self.env_steps / self.batches if self.batches else 0.0
+
+    def record_latency(self, seconds: float) -> None:
+        self.latencies[self.latency_count % len(self.latencies)] = seconds
+        self.latency_count += 1
+
+    def latency_percentiles(self, since: int = 0) -> tuple[float, float] | None:
+        """(p50, p99) seconds over the batches after the `since`-th (the ring's worth at most)."""
+        count = self.latency_count
+        recent = min(count - since, len(self.latencies))
+        if recent <= 0:
+            return None
+        ring = len(self.latencies)
+        idx = np.arange(count - recent, count) % ring
+        values = self.latencies[idx]
+        return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
 
 class InferenceServer:
@@ -132,6 +154,8 @@ class InferenceServer:
             "truncated": StepFieldSpec((), bool),
             "first": StepFieldSpec((), bool),
             "action": StepFieldSpec(spec.action_shape, spec.action_dtype),
+            # Version of the parameters that chose the action (policy lag metric).
+            BEHAVIOUR_VERSION: StepFieldSpec((), np.int32),
         }
         fields.update(agent.act_outputs())
         return fields
@@ -145,6 +169,15 @@ class InferenceServer:
     @property
     def policy_version(self) -> int:
         return self._published[1] if self._published else -1
+
+    @property
+    def rng(self):
+        """The acting PRNG key (checkpoints save it)."""
+        return self._rng
+
+    def set_rng(self, rng) -> None:
+        """Continues from a checkpointed key; call before serving."""
+        self._rng = rng
 
     # --- stream side (event-loop thread) ---
 
@@ -244,6 +277,7 @@ class InferenceServer:
                 if not request.future.done():
                     request.future.set_exception(e)
             return
+        self.stats.record_latency(time.perf_counter() - started)
         if unrolls is not None and not self.queue.try_put(unrolls):
             waited = time.perf_counter()
             await asyncio.get_running_loop().run_in_executor(None, self.queue.put, unrolls)
@@ -295,6 +329,7 @@ class InferenceServer:
             "truncated": truncated,
             "first": first,
             "action": actions,
+            BEHAVIOUR_VERSION: np.full(n, version, np.int32),
             **{k: np.asarray(v)[:n] for k, v in outputs.items()},
         }
         for name, table in self._core.items():

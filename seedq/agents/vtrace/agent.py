@@ -108,6 +108,10 @@ class VTraceAgent:
         actions = jax.random.categorical(sample_rng, logits).astype(jnp.int32)
         return actions, {"logits": logits}, core_state, rng
 
+    def greedy_actions(self, outputs: dict[str, jax.Array]) -> jax.Array:
+        """The greedy policy (evaluation): the most likely action under `act`'s logits."""
+        return jnp.argmax(outputs["logits"], axis=-1).astype(jnp.int32)
+
     # --- learning ---
 
     def loss(self, params, batch: dict[str, jax.Array]):
@@ -156,5 +160,5 @@ class VTraceAgent:
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return LearnerState(params, opt_state, state.step + 1), metrics

@@ -1,0 +1,233 @@
+"""Policy evaluation and videos: `seedq eval` and the end-of-run evaluation.
+
+A policy (an agent plus its inference parameters) runs in this process on
+plain gymnasium envs, without gRPC: `episodes` envs stepped as one vector
+env and reset once with `seed` (gymnasium seeds env i with seed + i), each
+playing exactly one episode. Actions are *greedy* (the agent's most likely
+action) unless `sample=True`, which draws them from the policy with a PRNG
+key made from `seed`.
+
+The same parameters, env, seed and episode count give the same returns, bit
+for bit: the training run evaluates its final policy with `eval_episodes`
+and `eval_seed` (summary.json, `eval`), and `seedq eval RUN_DIR` reproduces
+those numbers from the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import numpy as np
+
+from seedq import config as config_lib
+from seedq.config import TrainConfig
+from seedq.envs import env_spec, make_vector_env
+from seedq.learner import checkpoint
+
+VIDEO_FORMATS = (".mp4", ".gif")
+# A GIF keeps every frame in memory and plays at most ~50 fps; longer or
+# faster episodes keep every k-th frame.
+GIF_MAX_FPS = 25
+
+
+@dataclasses.dataclass
+class EvalResult:
+    env: str
+    episodes: int
+    seed: int
+    greedy: bool
+    returns: list[float]
+    lengths: list[int]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.returns))
+
+    def to_dict(self) -> dict:
+        return {
+            "env": self.env,
+            "episodes": self.episodes,
+            "seed": self.seed,
+            "policy": "greedy" if self.greedy else "sampled",
+            "mean": self.mean,
+            "std": self.std,
+            "min": float(np.min(self.returns)),
+            "max": float(np.max(self.returns)),
+            "mean_length": float(np.mean(self.lengths)),
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+        }
+
+    def line(self) -> str:
+        d = self.to_dict()
+        return (
+            f"{self.episodes} episodes of {self.env} (seed {self.seed}, {d['policy']} actions): "
+            f"mean {d['mean']:.2f}  std {d['std']:.2f}  min {d['min']:.2f}  max {d['max']:.2f}  "
+            f"(mean length {d['mean_length']:.1f})"
+        )
+
+
+class Policy:
+    """An agent plus inference parameters, acting in-process (jitted)."""
+
+    def __init__(self, agent, params, *, greedy: bool = True):
+        if greedy and not hasattr(agent, "greedy_actions"):
+            raise ValueError(f"{type(agent).__name__} has no greedy policy; evaluate with sampling")
+        self.agent = agent
+        self.params = params
+        self.greedy = greedy
+        self._act = jax.jit(self._step)
+
+    def _step(self, params, rng, obs, first, core, inputs):
+        actions, outputs, core, rng = self.agent.act(params, rng, obs, first, core, inputs)
+        if self.greedy:
+            actions = self.agent.greedy_actions(outputs)
+        return actions, core, rng
+
+    def start(self, n: int, seed: int):
+        """Acting state of `n` fresh envs: (rng, core state, per-env inputs)."""
+        return (
+            jax.random.PRNGKey(seed),
+            self.agent.initial_core_state(n),
+            self.agent.actor_inputs(np.arange(n)),
+        )
+
+    def __call__(self, rng, obs, first, core, inputs):
+        actions, core, rng = self._act(self.params, rng, obs, first, core, inputs)
+        return np.asarray(actions), core, rng
+
+
+def evaluate(policy: Policy, env_id: str, episodes: int, seed: int) -> EvalResult:
+    """Plays `episodes` episodes (one per env of a vector env) and returns their returns."""
+    if episodes < 1:
+        raise ValueError(f"episodes={episodes}: must be >= 1")
+    env = make_vector_env(env_id, episodes)
+    try:
+        obs, _ = env.reset(seed=seed)
+        rng, core, inputs = policy.start(episodes, seed)
+        first = np.ones(episodes, bool)
+        returns = np.zeros(episodes, np.float64)
+        lengths = np.zeros(episodes, np.int64)
+        done = np.zeros(episodes, bool)
+        while not done.all():
+            actions, core, rng = policy(rng, obs, first, core, inputs)
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            active = ~done
+            returns[active] += rewards[active]
+            lengths[active] += 1
+            done |= terminated | truncated
+            first = np.zeros(episodes, bool)
+    finally:
+        env.close()
+    return EvalResult(
+        env=env_id, episodes=episodes, seed=seed, greedy=policy.greedy,
+        returns=[float(r) for r in returns], lengths=[int(n) for n in lengths],
+    )
+
+
+def record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
+    """Plays one episode rendered with render_mode="rgb_array" and writes it
+    to `path` (.mp4 via ffmpeg, or .gif); returns {path, frames, return, fps}."""
+    import gymnasium as gym
+    import imageio.v2 as imageio
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in VIDEO_FORMATS:
+        raise ValueError(f"video {path!r}: use a {' or '.join(VIDEO_FORMATS)} file name")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+    except gym.error.Error as e:
+        raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+    fps = float(env.metadata.get("render_fps") or 30)
+    stride = max(1, math.ceil(fps / GIF_MAX_FPS)) if ext == ".gif" else 1
+    frames: list[np.ndarray] = []
+    writer = None
+    if ext == ".mp4":
+        # macro_block_size=1: frames are padded to even sizes here instead of resized.
+        writer = imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=1,
+                                    ffmpeg_log_level="error")
+    count = 0
+    total = 0.0
+
+    def add(frame) -> None:
+        nonlocal count
+        if frame is None:
+            return
+        if count % stride == 0:
+            if writer is not None:
+                writer.append_data(_even(np.asarray(frame, np.uint8)))
+            else:
+                frames.append(np.asarray(frame, np.uint8))
+        count += 1
+
+    try:
+        obs, _ = env.reset(seed=seed)
+        rng, core, inputs = policy.start(1, seed)
+        first = np.ones(1, bool)
+        add(env.render())
+        while True:
+            actions, core, rng = policy(rng, np.asarray(obs)[None], first, core, inputs)
+            obs, reward, terminated, truncated, _ = env.step(actions[0])
+            total += float(reward)
+            first = np.zeros(1, bool)
+            add(env.render())
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+        if writer is not None:
+            writer.close()
+    if ext == ".gif":
+        imageio.mimsave(path, frames, duration=1000.0 * stride / fps, loop=0)
+    return {"path": path, "frames": (count + stride - 1) // stride, "return": total,
+            "fps": fps / stride}
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """Pads H and W to even sizes (yuv420p video needs them)."""
+    h, w = frame.shape[:2]
+    if h % 2 or w % 2:
+        frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    return frame
+
+
+@dataclasses.dataclass
+class LoadedPolicy:
+    policy: Policy
+    config: TrainConfig  # the run's config with the eval overrides applied
+    checkpoint: str  # the step directory
+    counters: dict  # the checkpoint's counters
+
+
+def load_policy(
+    path: str, *, env: str | None = None, precision: str | None = None, greedy: bool = True
+) -> LoadedPolicy:
+    """The policy in the checkpoint at `path` (a run directory: its newest
+    checkpoint; or a checkpoint step directory), rebuilt from the config saved
+    with it. `env` / `precision` override the run's; CheckpointError (a
+    ValueError) explains anything that does not fit, in one line."""
+    from seedq.learner.learner import make_agent
+
+    meta, step_dir = checkpoint.read_meta(path)
+    try:
+        config = config_lib.from_dict(TrainConfig, meta["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{step_dir}: its config cannot be read here ({e})") from None
+    overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
+    config = dataclasses.replace(config, **overrides)
+    config.validate()
+    spec = env_spec(config.env)
+    agent = make_agent(config, spec)
+    like_state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+    snapshot, step_dir = checkpoint.restore(
+        step_dir, like_state, jax.random.PRNGKey(0), env=config.env
+    )
+    params = agent.inference_params(jax.device_put(snapshot.state))
+    return LoadedPolicy(Policy(agent, params, greedy=greedy), config, step_dir, snapshot.counters)

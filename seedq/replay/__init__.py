@@ -1,0 +1,1 @@
+"""Replay memory held by the learner (prioritized sequence replay for R2D2)."""
