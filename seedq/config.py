@@ -19,9 +19,9 @@ import time
 import typing
 from typing import Any
 
-AGENTS = ("vtrace",)
+AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed",)
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,51 @@ class VTraceConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class R2D2Config:
+    """R2D2 (recurrent Q-learning, prioritized sequence replay) hyperparameters.
+
+    Sequences are burn_in + trace_length + n_step steps long and overlap by
+    burn_in + n_step, so every step is in exactly one sequence's loss region.
+    """
+
+    burn_in: int = 10
+    trace_length: int = 20
+    n_step: int = 5
+    discount: float = 0.99
+    batch_size: int = 32  # sequences per train step
+    learning_rate: float = 1e-3
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 10.0
+    # Online parameters are copied to the target network every this many updates.
+    target_update_period: int = 200
+    # Network: MLP torso -> LSTM (or, with use_lstm false, a dense layer of
+    # the same width) -> dueling head.
+    hidden_sizes: tuple[int, ...] = (64,)
+    lstm_size: int = 64
+    head_hidden_size: int = 64
+    use_lstm: bool = True
+    # h(x) = sign(x)(sqrt(|x|+1)-1) + eps x; its epsilon.
+    value_rescaling_eps: float = 1e-3
+    # Replay (in sequences): FIFO beyond capacity; training starts at min size.
+    replay_capacity: int = 4000
+    min_replay_size: int = 200
+    priority_exponent: float = 0.9
+    importance_exponent: float = 0.6
+    # Sequence priority = eta * max|td| + (1 - eta) * mean|td|.
+    priority_eta: float = 0.9
+    # Average number of times each sequence is sampled (0: no control).
+    replay_ratio: float = 4.0
+    # Per-env exploration: epsilon_i = base^(1 + alpha * i / (N - 1)) over the
+    # N = num_actors * envs_per_actor - eval_envs training envs.
+    epsilon_base: float = 0.4
+    epsilon_alpha: float = 7.0
+    # The first `eval_envs` env slots act with `eval_epsilon` and their steps
+    # are not stored in replay.
+    eval_envs: int = 0
+    eval_epsilon: float = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A whole training run (learner plus locally launched actors)."""
 
@@ -83,24 +128,25 @@ class TrainConfig:
     # Address the learner listens on; default: a unix socket in the run dir.
     address: str = ""
     log_every_seconds: float = 2.0
-    # The learner trains only once this many actors have connected (0: start
-    # as they arrive); mostly for `seedq learner` with actors on other machines.
+    # Training starts once this many actors are connected (0: start as they
+    # arrive); mostly for `seedq learner` with actors on other machines.
     min_actors: int = 0
-    # Checkpoints in <logdir>/checkpoints: every `checkpoint_every_seconds`
-    # and/or every `checkpoint_every_steps` train steps (0 disables a trigger)
-    # and always at shutdown; only the newest `checkpoints_to_keep` are kept.
+    # Checkpoint (<logdir>/checkpoints) every this many seconds; 0: only at shutdown.
     checkpoint_every_seconds: float = 30.0
+    # Also checkpoint every this many train steps; 0: no step trigger.
     checkpoint_every_steps: int = 0
+    # Only the newest checkpoints are kept.
     checkpoints_to_keep: int = 3
-    # Evaluation on separate envs with greedy actions: `eval_episodes` episodes
-    # (seeded from `eval_seed`) at the end of the run, recorded in summary.json
-    # and TensorBoard, and every `eval_every_seconds` during it (0: only at the
-    # end). `eval_episodes` 0 disables evaluation.
+    # Greedy-policy episodes on separate envs at the end of the run (summary.json
+    # `eval`, TensorBoard eval/*); 0 disables evaluation.
     eval_episodes: int = 10
+    # Also evaluate every this many seconds during training; 0: only at the end.
     eval_every_seconds: float = 0.0
+    # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
     eval_seed: int = 1000
     server: ServerConfig = ServerConfig()
     vtrace: VTraceConfig = VTraceConfig()
+    r2d2: R2D2Config = R2D2Config()
 
     def validate(self) -> None:
         """Raises ValueError naming the first field that is out of range."""
@@ -136,6 +182,8 @@ class TrainConfig:
             raise ValueError(f"vtrace.discount={self.vtrace.discount}: must be in [0, 1]")
         if not 0.0 <= self.vtrace.lambda_ <= 1.0:
             raise ValueError(f"vtrace.lambda_={self.vtrace.lambda_}: must be in [0, 1]")
+        if self.agent == "r2d2":
+            self._validate_r2d2()
         if self.checkpoints_to_keep <= 0:
             raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep}: must be > 0")
         for name in (
@@ -148,6 +196,34 @@ class TrainConfig:
             section = self.server if name == "batch_timeout_ms" else self
             if getattr(section, name) < 0:
                 raise ValueError(f"{name}={getattr(section, name)}: must be >= 0")
+
+    def _validate_r2d2(self) -> None:
+        r = self.r2d2
+        positive = {
+            "trace_length": r.trace_length, "n_step": r.n_step, "batch_size": r.batch_size,
+            "learning_rate": r.learning_rate, "target_update_period": r.target_update_period,
+            "lstm_size": r.lstm_size, "head_hidden_size": r.head_hidden_size,
+            "replay_capacity": r.replay_capacity, "min_replay_size": r.min_replay_size,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"r2d2.{name}={value}: must be > 0")
+        for name in ("burn_in", "replay_ratio", "priority_exponent", "importance_exponent",
+                     "value_rescaling_eps", "eval_envs"):
+            if getattr(r, name) < 0:
+                raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be >= 0")
+        for name in ("discount", "priority_eta", "epsilon_base", "eval_epsilon"):
+            if not 0.0 <= getattr(r, name) <= 1.0:
+                raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be in [0, 1]")
+        if r.min_replay_size > r.replay_capacity:
+            raise ValueError(
+                f"r2d2.min_replay_size={r.min_replay_size} must be <= r2d2.replay_capacity={r.replay_capacity}"
+            )
+        if r.eval_envs >= self.num_actors * self.envs_per_actor:
+            raise ValueError(
+                f"r2d2.eval_envs={r.eval_envs} must be < num_actors * envs_per_actor "
+                f"= {self.num_actors * self.envs_per_actor} (training envs are needed)"
+            )
 
     def resolved(self) -> "TrainConfig":
         """Fills in defaults that depend on other fields (logdir)."""

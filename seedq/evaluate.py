@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -78,8 +79,12 @@ class Policy:
     """An agent plus inference parameters, acting in-process (jitted)."""
 
     def __init__(self, agent, params, *, greedy: bool = True):
-        if greedy and not hasattr(agent, "greedy_actions"):
-            raise ValueError(f"{type(agent).__name__} has no greedy policy; evaluate with sampling")
+        # Greedy actions come from the agent's `greedy_actions(outputs)`, or
+        # from a "greedy_action" output that `act` records (R2D2).
+        if greedy and not (
+            hasattr(agent, "greedy_actions") or "greedy_action" in agent.act_outputs()
+        ):
+            raise ValueError(f"{type(agent).__name__} has no greedy policy; evaluate with --sample")
         self.agent = agent
         self.params = params
         self.greedy = greedy
@@ -88,7 +93,10 @@ class Policy:
     def _step(self, params, rng, obs, first, core, inputs):
         actions, outputs, core, rng = self.agent.act(params, rng, obs, first, core, inputs)
         if self.greedy:
-            actions = self.agent.greedy_actions(outputs)
+            if hasattr(self.agent, "greedy_actions"):
+                actions = self.agent.greedy_actions(outputs)
+            else:
+                actions = outputs["greedy_action"].astype(actions.dtype)
         return actions, core, rng
 
     def start(self, n: int, seed: int):
@@ -135,12 +143,22 @@ def evaluate(policy: Policy, env_id: str, episodes: int, seed: int) -> EvalResul
 def record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
     """Plays one episode rendered with render_mode="rgb_array" and writes it
     to `path` (.mp4 via ffmpeg, or .gif); returns {path, frames, return, fps}."""
+    with warnings.catch_warnings():
+        # imageio starts ffmpeg with fork+exec, which JAX warns about; the exec makes it safe.
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        return _record_video(policy, env_id, path, seed)
+
+
+def _record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
     import gymnasium as gym
     import imageio.v2 as imageio
 
     ext = os.path.splitext(path)[1].lower()
     if ext not in VIDEO_FORMATS:
         raise ValueError(f"video {path!r}: use a {' or '.join(VIDEO_FORMATS)} file name")
+    # Off-screen rendering: no display or sound device needed (pygame-based envs).
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     try:
         env = gym.make(env_id, render_mode="rgb_array")
     except gym.error.Error as e:

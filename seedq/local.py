@@ -20,6 +20,7 @@ import uuid
 from seedq import config as config_lib
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
+from seedq.learner import checkpoint
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
 
@@ -37,8 +38,11 @@ def actor_command(
         "--num-envs", str(config.envs_per_actor),
         "--actor-id", f"local-{index}",
         "--seed", str(config.seed * 1000 + index),
-        # Local actors die with their learner rather than waiting for a new one.
+        # Local actors die with their learner rather than waiting for a new one
+        # (at once where the OS tells them, else after 30 s without it); a
+        # resumed local run starts actors of its own.
         "--retry-max-seconds", "30",
+        "--parent-pid", str(os.getpid()),
     ]
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
@@ -75,7 +79,8 @@ def default_address() -> str:
 
 
 def train(
-    config: TrainConfig, *, quiet: bool = False, started: float | None = None, with_actors: bool = True
+    config: TrainConfig, *, quiet: bool = False, started: float | None = None, with_actors: bool = True,
+    resume: str | None = None,
 ) -> dict:
     """Runs a training run; returns the summary written to summary.json.
 
@@ -83,14 +88,27 @@ def train(
     this host (local mode); without, the learner serves whichever actors
     connect to `config.address` (`seedq learner`, the multi-machine path).
     `started` (time.monotonic()) is when the command started; seconds-to-target
-    and wall time count from it.
+    and wall time count from it. `resume` (a run directory, a checkpoint) continues
+    from that checkpoint; `config.logdir` should then be the run's directory.
     """
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
     env_spec(config.env)  # a bad env id fails here, before any process starts
+    if resume is not None:
+        # A missing or incompatible checkpoint fails here, before any process starts.
+        import jax
+
+        from seedq.learner.learner import make_agent
+
+        agent = make_agent(config, env_spec(config.env))
+        checkpoint.check_compatible(
+            resume,
+            jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),
+            jax.eval_shape(lambda: jax.random.PRNGKey(0)),
+            env=config.env,
+        )
     os.makedirs(config.logdir, exist_ok=True)
-    config_lib.save(config, os.path.join(config.logdir, "config.json"))
     address = config.address or default_address()
 
     actors = spawn_actors(address, config) if with_actors else []
@@ -99,16 +117,36 @@ def train(
     stop_reason = "error"
     try:
         learner = Learner(config, address)
+        resumed = resumed_from = None
+        if resume is not None:
+            resumed, resumed_from = checkpoint.restore(
+                resume, learner.state, learner.inference.rng, env=config.env
+            )
+            learner.restore(resumed)
+            if not quiet:
+                c = resumed.counters
+                print(
+                    f"resuming from {resumed_from}: train step {c['train_steps']:,}, "
+                    f"{c['frames']:,} frames, {c['episodes']:,} episodes, "
+                    f"{c['elapsed_seconds']:.1f}s so far",
+                    flush=True,
+                )
+        # Saved once the config is known to fit (a bad --resume override leaves it alone).
+        config_lib.save(config, os.path.join(config.logdir, "config.json"))
         address = learner.start()
         if not with_actors and not quiet:
             print(f"learner listening on {address}", flush=True)
-        reporter = RunReporter(config, learner, started, quiet=quiet)
+        reporter = RunReporter(
+            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from
+        )
         stop_reason = reporter.run_until_done(actors)
     except KeyboardInterrupt:
         stop_reason = "interrupted"
         if not quiet:
             print("\ninterrupted: stopping actors and saving what was collected", flush=True)
     finally:
+        if reporter is not None and stop_reason == "error":
+            reporter.close_display()
         stop_actors(actors)
         if learner is not None:
             learner.stop()

@@ -184,10 +184,29 @@ async def run_actor(
         env.close()
 
 
+def exit_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel send us SIGTERM (a clean stop) when `parent_pid`,
+    the local learner that started us, dies, even by SIGKILL. Elsewhere the
+    actor falls back to giving up after --retry-max-seconds."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(args) -> int:
     """Entry point of `seedq actor`; returns the process exit code."""
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
+    if getattr(args, "parent_pid", 0):
+        exit_with_parent(args.parent_pid)
     stats = ActorStats()
     actor_id = args.actor_id or f"{os.uname().nodename}-{os.getpid()}"
 

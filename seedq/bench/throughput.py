@@ -71,12 +71,14 @@ def system_fps(
             time.sleep(warmup_seconds)
             stats = learner.inference.stats
             f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
+            busy0 = stats.busy_seconds
             started = time.perf_counter()
             time.sleep(seconds)
             elapsed = time.perf_counter() - started
             frames = learner.table.frames - f0
             batches, steps = stats.batches - b0, stats.env_steps - s0
             train_steps = learner.train_steps - t0
+            busy = stats.busy_seconds - busy0
         finally:
             stop_actors(actors)
             learner.stop()
@@ -88,6 +90,8 @@ def system_fps(
         "mean_inference_batch": steps / batches if batches else 0.0,
         "inference_calls_per_second": batches / elapsed,
         "train_steps_per_second": train_steps / elapsed,
+        # Share of wall time the server thread spent running inference batches.
+        "inference_busy_fraction": busy / elapsed,
         # Median over actors of each actor's percentile.
         "rtt_p50_ms": float(np.median(rtts_p50)) if rtts_p50 else None,
         "rtt_p99_ms": float(np.median(rtts_p99)) if rtts_p99 else None,

@@ -15,6 +15,10 @@ import numpy as np
 
 from seedq.wire.codec import EnvSpec, spec_from_spaces
 
+# Registers seedq's own check environments (e.g. seedq/CartPoleNoVelocity-v1)
+# wherever envs are made: learner, actors, benchmarks.
+from seedq.envs import partially_observable  # noqa: E402,F401
+
 
 def make_vector_env(env_id: str, num_envs: int, seed: int | None = None) -> gym.vector.VectorEnv:
     """A gymnasium vector env of `num_envs` copies of `env_id`, reset with `seed`.

@@ -28,7 +28,6 @@ import numpy as np
 FORMAT_VERSION = 1
 DIRNAME = "checkpoints"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_ITEMS = ("state", "meta")
 
 
 class CheckpointError(ValueError):
@@ -66,6 +65,12 @@ def _options(**kwargs):
     return ocp.CheckpointManagerOptions(step_prefix="step", step_format_fixed_length=9, **kwargs)
 
 
+def _handlers() -> dict:
+    import orbax.checkpoint as ocp
+
+    return {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+
+
 def _state_tree(state, rng) -> dict:
     from flax import serialization
 
@@ -85,7 +90,7 @@ class CheckpointWriter:
                 max_to_keep=keep, create=True, cleanup_tmp_directories=True,
                 enable_async_checkpointing=True,
             ),
-            item_names=_ITEMS,
+            item_handlers=_handlers(),
         )
 
     def path(self, step: int) -> str:
@@ -146,7 +151,7 @@ def locate(path: str) -> tuple[str, int]:
 def _reader(root: str):
     import orbax.checkpoint as ocp
 
-    return ocp.CheckpointManager(root, options=_options(read_only=True), item_names=_ITEMS)
+    return ocp.CheckpointManager(root, options=_options(create=False), item_handlers=_handlers())
 
 
 def read_meta(path: str) -> tuple[dict, str]:
@@ -184,7 +189,8 @@ def _leaves(tree) -> dict[str, tuple[tuple[int, ...], str]]:
 def describe_mismatch(saved_tree, like_tree) -> str | None:
     """First difference in structure, shape or dtype between two trees of arrays, or None."""
     saved, like = _leaves(saved_tree), _leaves(like_tree)
-    for name in sorted(set(saved) | set(like)):
+    # Parameters first: they say most about what differs (sizes, env).
+    for name in sorted(set(saved) | set(like), key=lambda n: (not n.startswith("learner/params/"), n)):
         if name not in saved:
             return f"{name} is missing from the checkpoint"
         if name not in like:
@@ -196,6 +202,39 @@ def describe_mismatch(saved_tree, like_tree) -> str | None:
                 f"{l_dtype}{list(l_shape)} in this config"
             )
     return None
+
+
+def _check(reader, step: int, step_dir: str, meta: dict, like_tree, env: str | None) -> None:
+    try:
+        saved = reader.item_metadata(step)["state"]
+        saved = getattr(saved, "tree", saved)
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is one clear line
+        raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
+    mismatch = describe_mismatch(saved, like_tree) if saved is not None else None
+    if mismatch:
+        trained_on = (meta.get("config") or {}).get("env", "?")
+        here = f" ({env})" if env else ""
+        raise CheckpointError(
+            f"checkpoint {step_dir} (trained on {trained_on}) is incompatible with this config{here}: "
+            f"{mismatch}"
+        )
+
+
+def _step_of(step_dir: str) -> tuple[str, int]:
+    return os.path.dirname(step_dir), int(_STEP_DIR.match(os.path.basename(step_dir)).group(1))
+
+
+def check_compatible(path: str, like_state, like_rng, *, env: str | None = None) -> str:
+    """Raises CheckpointError unless the checkpoint at `path` has exactly the
+    structure, shapes and dtypes of `like_state` / `like_rng` (arrays or
+    jax.ShapeDtypeStruct, e.g. from jax.eval_shape); returns its step directory."""
+    from flax import serialization
+
+    meta, step_dir = read_meta(path)
+    root, step = _step_of(step_dir)
+    like = {"learner": serialization.to_state_dict(like_state), "rng": like_rng}
+    _check(_reader(root), step, step_dir, meta, like, env)
+    return step_dir
 
 
 def restore(path: str, like_state, like_rng, *, env: str | None = None) -> tuple[Snapshot, str]:
@@ -210,22 +249,10 @@ def restore(path: str, like_state, like_rng, *, env: str | None = None) -> tuple
     from flax import serialization
 
     meta, step_dir = read_meta(path)
-    root, step = os.path.dirname(step_dir), int(_STEP_DIR.match(os.path.basename(step_dir)).group(1))
+    root, step = _step_of(step_dir)
     like = _state_tree(like_state, like_rng)
     reader = _reader(root)
-    try:
-        saved = reader.item_metadata(step)["state"]
-        saved = getattr(saved, "tree", saved)
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
-    mismatch = describe_mismatch(saved, like) if saved is not None else None
-    if mismatch:
-        trained_on = meta.get("config", {}).get("env", "?")
-        here = f" ({env})" if env else ""
-        raise CheckpointError(
-            f"checkpoint {step_dir} (trained on {trained_on}) is incompatible with this config{here}: "
-            f"{mismatch}"
-        )
+    _check(reader, step, step_dir, meta, like, env)
     try:
         restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like)))
     except Exception as e:  # noqa: BLE001

@@ -33,7 +33,13 @@ log = logging.getLogger("seedq.learner")
 
 def make_agent(config: TrainConfig, spec):
     if config.agent == "vtrace":
-        return VTraceAgent(spec, config.vtrace)
+        return VTraceAgent(spec, config.vtrace, precision=config.precision)
+    if config.agent == "r2d2":
+        from seedq.agents.r2d2.agent import R2D2Agent
+
+        return R2D2Agent(
+            spec, config.r2d2, num_envs=config.num_actors * config.envs_per_actor, seed=config.seed
+        )
     raise ValueError(f"agent={config.agent!r} is not available")
 
 
@@ -266,7 +272,9 @@ class Learner:
         """Latest training metrics as floats (blocks on the newest update)."""
         pending = self._metrics_pending
         if pending is not None:
-            self.last_metrics = {k: float(v) for k, v in jax.device_get(pending).items()}
+            self.last_metrics = {
+                k: float(v) for k, v in jax.device_get(pending).items() if np.ndim(v) == 0
+            }
         return dict(self.last_metrics or {})
 
     def params_numpy(self):

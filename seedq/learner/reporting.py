@@ -1,31 +1,75 @@
-"""Progress output, TensorBoard scalars, stop conditions and summary.json."""
+"""Progress output, TensorBoard scalars, stop conditions, checkpoints and summary.json.
+
+The progress display is one line: redrawn in place (rich) when stdout is a
+terminal, printed as plain log lines every `log_every_seconds` otherwise.
+
+A resumed run continues its counters: elapsed seconds add up over segments,
+TensorBoard steps are env frames (restored from the checkpoint, so curves
+continue; points a killed segment logged after its last checkpoint are purged),
+and stop conditions (`max_seconds`, `max_frames`) apply to the whole run.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import time
 
+import jax
+import numpy as np
 from tensorboardX import SummaryWriter
 
+from seedq import config as config_lib
 from seedq.config import TrainConfig
 from seedq.learner import checkpoint
 
 
 class RunReporter:
-    def __init__(self, config: TrainConfig, learner, started: float, *, quiet: bool = False):
+    def __init__(
+        self, config: TrainConfig, learner, started: float, *, quiet: bool = False,
+        resumed: "checkpoint.Snapshot | None" = None, resumed_from: str | None = None,
+        console=None,
+    ):
         self.config = config
         self.learner = learner
         self.started = started  # time.monotonic() at command start
         self.quiet = quiet
-        self.writer = SummaryWriter(config.logdir, flush_secs=5)
-        self.seconds_to_target: float | None = None
-        self.frames_to_target: int | None = None
-        self._last_tick = (started, 0)
+        counters = resumed.counters if resumed is not None else {}
+        target = resumed.target if resumed is not None else {}
+        self.prior_seconds = float(counters.get("elapsed_seconds", 0.0))
+        self.segment = int(counters.get("segments", 0)) + 1
+        self.resumed_from = resumed_from
+        self.writer = SummaryWriter(
+            config.logdir, flush_secs=5,
+            purge_step=learner.table.frames if resumed is not None else None,
+        )
+        self.seconds_to_target: float | None = target.get("seconds_to_target")
+        self.frames_to_target: int | None = target.get("frames_to_target")
+        self._last_tick = (started, learner.table.frames, learner.train_steps)
+        self._latency_mark = learner.inference.stats.latency_count
+        self._publish_mark = (learner.publish_seconds_total, learner.publishes)
+        self._checkpoints: checkpoint.CheckpointWriter | None = None
+        self.last_checkpoint: str | None = resumed_from
+        self._last_checkpoint_step = learner.train_steps if resumed is not None else None
+        self._next_checkpoint_time = time.monotonic() + (config.checkpoint_every_seconds or float("inf"))
+        self._eval_thread: threading.Thread | None = None
+        self._next_eval_time = time.monotonic() + (config.eval_every_seconds or float("inf"))
+        self._live = None
+        if not quiet:
+            from rich.console import Console
+
+            console = console or Console(highlight=False)
+            if console.is_terminal:
+                from rich.live import Live
+
+                self._live = Live(console=console, auto_refresh=False, transient=False)
+                self._live.start()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        """Seconds of this run so far, over all its segments (resumes)."""
+        return self.prior_seconds + time.monotonic() - self.started
 
     def stop_reason(self) -> str | None:
         cfg = self.config
@@ -59,32 +103,136 @@ class RunReporter:
                 raise RuntimeError("training thread failed") from self.learner.error
             if actors and all(p.poll() is not None for p in actors):
                 return "actors_exited"
-            if time.monotonic() >= next_log:
+            now = time.monotonic()
+            if now >= next_log:
                 next_log += self.config.log_every_seconds
                 self.tick()
+            if self._checkpoint_due(now):
+                self.checkpoint()
+            if now >= self._next_eval_time:
+                self._next_eval_time = now + self.config.eval_every_seconds
+                self._start_periodic_eval()
+
+    # --- checkpoints ---
+
+    def _checkpoint_due(self, now: float) -> bool:
+        cfg = self.config
+        if now >= self._next_checkpoint_time:
+            return True
+        steps = self.learner.train_steps
+        return bool(
+            cfg.checkpoint_every_steps
+            and steps - (self._last_checkpoint_step or 0) >= cfg.checkpoint_every_steps
+        )
+
+    def snapshot(self) -> checkpoint.Snapshot:
+        """Everything needed to continue this run, as host arrays."""
+        learner = self.learner
+        state, train_steps, trained_frames, version = learner.snapshot()
+        episodes, _, _, _ = learner.episodes.snapshot()
+        returns, lengths = learner.episodes.window()
+        return checkpoint.Snapshot(
+            state=jax.device_get(state),
+            rng=np.asarray(jax.device_get(learner.inference.rng)),
+            counters={
+                "train_steps": int(train_steps),
+                "trained_frames": int(trained_frames),
+                "policy_version": int(version),
+                "frames": int(learner.table.frames),
+                "episodes": int(episodes),
+                "elapsed_seconds": self.elapsed(),
+                "segments": self.segment,
+            },
+            episode_window={"returns": returns, "lengths": lengths},
+            target={"seconds_to_target": self.seconds_to_target, "frames_to_target": self.frames_to_target},
+            config=config_lib.to_dict(self.config),
+        )
+
+    def checkpoint(self, *, wait: bool = False) -> str:
+        """Saves a checkpoint now (in the background unless `wait`); returns its directory."""
+        if self._checkpoints is None:
+            self._checkpoints = checkpoint.CheckpointWriter(self.config.logdir, self.config.checkpoints_to_keep)
+        snapshot = self.snapshot()
+        self.last_checkpoint = self._checkpoints.save(snapshot, wait=wait)
+        self._last_checkpoint_step = snapshot.step
+        self._next_checkpoint_time = time.monotonic() + (self.config.checkpoint_every_seconds or float("inf"))
+        return self.last_checkpoint
+
+    # --- evaluation ---
+
+    def evaluate_now(self):
+        """Evaluates the current policy (greedy, `eval_episodes` from `eval_seed`)."""
+        from seedq.evaluate import Policy, evaluate
+
+        learner = self.learner
+        state = learner.snapshot()[0]
+        policy = Policy(learner.agent, learner.agent.inference_params(state), greedy=True)
+        return evaluate(policy, self.config.env, self.config.eval_episodes, self.config.eval_seed)
+
+    def _write_eval(self, d: dict, step: int) -> None:
+        for key in ("mean", "std", "min", "max"):
+            self.writer.add_scalar(f"eval/return_{key}", d[key], step)
+        self.writer.add_scalar("eval/length_mean", d["mean_length"], step)
+
+    def _start_periodic_eval(self) -> None:
+        if not self.config.eval_episodes or (self._eval_thread and self._eval_thread.is_alive()):
+            return
+
+        def run():
+            step = self.learner.table.frames
+            try:
+                self._write_eval(self.evaluate_now().to_dict(), step)
+            except Exception as e:  # noqa: BLE001 - evaluation must not end training
+                print(f"evaluation failed: {e}", file=sys.stderr, flush=True)
+
+        self._eval_thread = threading.Thread(target=run, name="seedq-eval", daemon=True)
+        self._eval_thread.start()
 
     def tick(self) -> None:
         """One progress line and one set of TensorBoard scalars."""
         learner = self.learner
         now = time.monotonic()
         frames = learner.table.frames
-        last_time, last_frames = self._last_tick
-        fps = (frames - last_frames) / max(now - last_time, 1e-9)
-        self._last_tick = (now, frames)
+        train_steps = learner.train_steps
+        last_time, last_frames, last_steps = self._last_tick
+        dt = max(now - last_time, 1e-9)
+        fps = (frames - last_frames) / dt
+        steps_per_second = (train_steps - last_steps) / dt
+        self._last_tick = (now, frames, train_steps)
         episodes, mean_return, mean_length, _ = learner.episodes.snapshot()
         stats = learner.inference.stats
+        latency = stats.latency_percentiles(self._latency_mark)
+        self._latency_mark = stats.latency_count
+        lag_mean, lag_max = learner.take_lag_stats()
+        publish_total, publishes = learner.publish_seconds_total, learner.publishes
+        publish_ms = (
+            1e3 * (publish_total - self._publish_mark[0]) / (publishes - self._publish_mark[1])
+            if publishes > self._publish_mark[1] else None
+        )
+        self._publish_mark = (publish_total, publishes)
         metrics = learner.metrics()
         step = frames
         scalars = {
             "episode/return_mean": mean_return,
             "episode/length_mean": mean_length,
+            "episode/count": episodes,
             "throughput/frames_per_second": fps,
+            "learner/steps_per_second": steps_per_second,
             "inference/batch_size_mean": stats.mean_batch_size(),
+            "inference/latency_ms_p50": None if latency is None else 1e3 * latency[0],
+            "inference/latency_ms_p99": None if latency is None else 1e3 * latency[1],
             "inference/compiles": stats.compiles,
             "queue/depth_unrolls": len(learner.queue),
-            "learner/train_steps": learner.train_steps,
+            "actors/connected": learner.table.num_connected,
+            "learner/train_steps": train_steps,
             "learner/policy_version": learner.version,
+            "learner/policy_lag_mean": lag_mean,
+            "learner/policy_lag_max": lag_max,
+            "learner/publish_ms": publish_ms,
+            "time/elapsed_seconds": self.elapsed(),
             **metrics,
+            # Batch sources may report their own statistics (replay size, priorities, ...).
+            **(learner.batches.stats() if hasattr(learner.batches, "stats") else {}),
         }
         for name, value in scalars.items():
             if value is not None:
@@ -93,23 +241,49 @@ class RunReporter:
             return
         ret = "-" if mean_return is None else f"{mean_return:7.1f}"
         loss = metrics.get("loss/total")
-        print(
+        p99 = "-" if latency is None else f"{1e3 * latency[1]:.1f}ms"
+        waiting = (
+            f" | waiting for actors {learner.table.num_connected}/{self.config.min_actors}"
+            if learner.waiting_for_actors else ""
+        )
+        line = (
             f"[{self.elapsed():7.1f}s] frames {frames:>10,} ({fps / 1e3:5.1f}k/s) "
             f"| episodes {episodes:>6,} | return({self.config.return_window}) {ret} "
-            f"| train steps {learner.train_steps:>6,} | infer batch {stats.mean_batch_size():5.1f} "
+            f"| train steps {train_steps:>6,} ({steps_per_second:4.0f}/s) "
+            f"| infer batch {stats.mean_batch_size():5.1f} p99 {p99} "
             f"| queue {len(learner.queue):>4}/{learner.queue.capacity} "
             f"| {self.config.precision}"
-            + ("" if loss is None else f" | loss {loss:8.4f}"),
-            file=sys.stdout,
-            flush=True,
+            + ("" if loss is None else f" | loss {loss:8.4f}")
+            + waiting
         )
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+        else:
+            print(line, file=sys.stdout, flush=True)
+
+    def close_display(self) -> None:
+        """Leaves the in-place progress line as the last line on screen."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def finish(self, stop_reason: str) -> dict:
         """Final checkpoint and summary.json; returns the summary."""
         learner = self.learner
+        self.close_display()
+        if self._eval_thread is not None:
+            self._eval_thread.join()
         wall = self.elapsed()
         episodes, mean_return, _, _ = learner.episodes.snapshot()
-        ckpt_dir = checkpoint.save(self.config.logdir, learner)
+        ckpt_dir = self.checkpoint(wait=True)
+        self._checkpoints.close()
+        evaluation = None
+        if self.config.eval_episodes:
+            evaluation = self.evaluate_now().to_dict()
+            evaluation["checkpoint"] = ckpt_dir
+            self._write_eval(evaluation, learner.table.frames)
         summary = {
             "agent": self.config.agent,
             "env": self.config.env,
@@ -130,6 +304,11 @@ class RunReporter:
             "actor_runs": learner.table.runs_started,
             "mean_inference_batch": learner.inference.stats.mean_batch_size(),
             "checkpoint": ckpt_dir,
+            "policy_version": learner.version,
+            "segments": self.segment,
+            "segment_seconds": time.monotonic() - self.started,
+            "resumed_from": self.resumed_from,
+            "eval": evaluation,
         }
         path = os.path.join(self.config.logdir, "summary.json")
         with open(path + ".tmp", "w") as f:

@@ -56,7 +56,7 @@ from jax import lax
 
 from seedq.quant import quantize as qz
 
-CONV_IMPLS = ("patches", "native")
+CONV_IMPLS = ("patches", "native", "s2d")
 CONV_POLICIES = ("auto",) + CONV_IMPLS
 _DN = ("NHWC", "HWIO", "NHWC")
 _DOT_LAST = (((1,), (0,)), ((), ()))
@@ -254,7 +254,73 @@ def conv_native(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.A
     )
 
 
-CONV_FUNCTIONS = {"patches": conv_patches, "native": conv_native}
+def _s2d_axis(k: int, s: int, bo: int):
+    """Kernel-row gather for one spatial axis of `conv_s2d` (block b = s * bo).
+
+    Output row h = bo*H + r reads input row s*h + i = b*H + (s*r + i); with
+    s*r + i = b*a + p the blocked kernel tap (a, p, r) holds w[b*a + p - s*r]
+    (zero outside [0, k)). Returns (clipped index [ka, b, bo], valid mask, ka, b).
+    """
+    b = s * bo
+    ka = -(-(s * (bo - 1) + k) // b)
+    a = np.arange(ka)[:, None, None]
+    p = np.arange(b)[None, :, None]
+    r = np.arange(bo)[None, None, :]
+    i = b * a + p - s * r
+    return np.clip(i, 0, k - 1), (i >= 0) & (i < k), ka, b
+
+
+def _regroup(x: jax.Array, shape, perm, out_shape) -> jax.Array:
+    """reshape -> transpose -> reshape of an integer tensor [..., C], moving
+    4-byte words instead of single int8 values when C allows (XLA:CPU moves
+    int8 elements one at a time, several times slower)."""
+    c = x.shape[-1]
+    if x.dtype.itemsize == 1 and c % 4 == 0:
+        words = lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (c // 4, 4)), jnp.int32)
+        moved = _regroup(words, shape[:-1] + (c // 4,), perm, out_shape[:-1] + (out_shape[-1] // 4,))
+        return lax.bitcast_convert_type(moved, x.dtype).reshape(out_shape)
+    return x.reshape(shape).transpose(perm).reshape(out_shape)
+
+
+def conv_s2d(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.Array:
+    """Space-to-depth rewrite + XLA integer convolution (VALID).
+
+    The input is cut into b x b blocks (b = stride, or 2 for stride 1) that
+    become channels, turning the layer into a stride-1 convolution with
+    b*b*C input channels, a ceil(.)-sized kernel and, for stride 1, 2*2*O
+    output channels (each block computes 2 x 2 output pixels). More
+    multiply-adds, but channel counts XLA's integer convolution handles fast
+    (a 3x3 16->16 layer becomes a 2x2 64->64 one).
+    """
+    kh, kw, c, o = qw.shape
+    n, hp, wp, _ = qx.shape
+    sh, sw = strides
+    boh, bow = (2 if sh == 1 else 1), (2 if sw == 1 else 1)
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    ih, vh, kah, bh = _s2d_axis(kh, sh, boh)
+    iw, vw, kaw, bw = _s2d_axis(kw, sw, bow)
+    hb, wb = -(-ho // boh), -(-wo // bow)
+    rows, cols = bh * (hb + kah - 1), bw * (wb + kaw - 1)
+    qx = qx[:, :rows, :cols]
+    qx = jnp.pad(qx, ((0, 0), (0, rows - qx.shape[1]), (0, cols - qx.shape[2]), (0, 0)))
+    x = _regroup(
+        qx, (n, rows // bh, bh, cols // bw, bw, c), (0, 1, 3, 2, 4, 5),
+        (n, rows // bh, cols // bw, bh * bw * c),
+    )
+    wg = jnp.take(qw, jnp.asarray(ih.reshape(-1)), axis=0)
+    wg = jnp.take(wg, jnp.asarray(iw.reshape(-1)), axis=1)  # [kah*bh*boh, kaw*bw*bow, c, o]
+    mask = (vh.reshape(-1, 1) & vw.reshape(1, -1)).astype(np.int8)
+    wg = wg * jnp.asarray(mask)[:, :, None, None]
+    wg = wg.reshape(kah, bh, boh, kaw, bw, bow, c, o).transpose(0, 3, 1, 4, 6, 2, 5, 7)
+    wg = wg.reshape(kah, kaw, bh * bw * c, boh * bow * o)
+    acc = conv_native(x, wg, (1, 1))  # [n, hb, wb, boh*bow*o]
+    if boh * bow > 1:
+        acc = acc.reshape(n, hb, wb, boh, bow, o).transpose(0, 1, 3, 2, 4, 5)
+        acc = acc.reshape(n, hb * boh, wb * bow, o)
+    return acc[:, :ho, :wo]
+
+
+CONV_FUNCTIONS = {"patches": conv_patches, "native": conv_native, "s2d": conv_s2d}
 
 
 # --- measured choice of the convolution implementation ----------------------------
@@ -299,10 +365,13 @@ def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.25) -> Co
             qx = jnp.asarray(rng.integers(max(info.min, -127), min(info.max, 127) + 1, x_shape, x_dtype))
             qw = jnp.asarray(rng.integers(-127, 128, w_shape, np.int8))
             fns, seconds = {}, {}
+            scale = jnp.ones((w_shape[-1],), jnp.float32)
             for impl, fn in CONV_FUNCTIONS.items():
                 try:
-                    f = jax.jit(fn, static_argnums=2)
-                    jax.block_until_ready(f(qx, qw, strides))
+                    # With the rescale the layer ends with, so output layout
+                    # changes fuse into it as they do in the network.
+                    f = jax.jit(lambda x, w, s, fn=fn: fn(x, w, strides).astype(jnp.float32) * s)
+                    jax.block_until_ready(f(qx, qw, scale))
                     fns[impl] = f
                 except Exception:  # e.g. no integer convolution on this backend
                     seconds[impl] = None
@@ -311,7 +380,7 @@ def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.25) -> Co
             if len(fns) == 1:
                 (impl,) = fns
                 return ConvChoice(impl, seconds, "the only implementation that compiled")
-            measured = time_interleaved(fns, (qx, qw, strides), budget_s)
+            measured = time_interleaved(fns, (qx, qw, scale), budget_s)
             seconds.update(measured)
             best = min(measured, key=measured.get)
             return ConvChoice(best, seconds, "measured")
@@ -428,3 +497,14 @@ def layer_fn(layer: LayerInfo, precision: str, conv_impl: str | None = None) -> 
             _ACTIVE.reset(token)
 
     return f
+
+
+def auto_conv_impl(layer: LayerInfo, batch: int, kernel_shape) -> str:
+    """The implementation the "auto" policy uses for this conv layer at `batch`."""
+    mod = layer.module
+    strides = tuple(int(s) for s in np.broadcast_to(mod.strides or 1, (2,)))
+    h, w, c = layer.input.shape[-3:]
+    (pt, pb), (pl, pr) = _explicit_padding(mod, (h, w), strides)
+    dtype = np.uint8 if layer.pixels else np.int8
+    return choose_conv_impl((batch, h + pt + pb, w + pl + pr, c), dtype, tuple(kernel_shape), strides, "auto")
+

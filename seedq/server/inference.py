@@ -142,6 +142,7 @@ class InferenceServer:
         self._has_work: asyncio.Event | None = None
         self._act = jax.jit(agent.act)
         self._inputs: dict[str, np.ndarray] = {}
+        self._store_mask: np.ndarray | None = None
         self._compiled: set[int] = set()
 
     @staticmethod
@@ -189,6 +190,13 @@ class InferenceServer:
         self._ensure_capacity(self.table.num_slots)
         self.store.drop(entry.slots)  # a reused block must not inherit steps
         self._inputs = self.agent.actor_inputs(np.arange(self.table.num_slots))
+        # Optional agent hook: False for env slots whose steps are not recorded
+        # (e.g. R2D2's evaluation envs); None records every slot.
+        store_mask = getattr(self.agent, "store_mask", None)
+        self._store_mask = (
+            None if store_mask is None
+            else np.asarray(store_mask(np.arange(self.table.num_slots)), bool)
+        )
         return entry, superseded
 
     def _ensure_capacity(self, num_slots: int) -> None:
@@ -335,7 +343,10 @@ class InferenceServer:
         for name, table in self._core.items():
             step["core/" + name] = table[slots]  # the state this step was acted from
             table[slots] = np.asarray(new_core[name])[:n]
-        unrolls = self.store.append(slots, step)
+        if self._store_mask is not None and not self._store_mask[slots].all():
+            keep = self._store_mask[slots]
+            slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
+        unrolls = self.store.append(slots, step) if len(slots) else None
         self.stats.batches += 1
         self.stats.env_steps += n
         self.stats.padded_steps += size

@@ -18,33 +18,17 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
+from seedq.agents.networks import ActorCritic  # moved to networks.py; re-exported here
 from seedq.agents.vtrace import losses
 from seedq.config import VTraceConfig
 from seedq.wire.codec import EnvSpec
-
-
-class ActorCritic(nn.Module):
-    """MLP torso with a policy head (logits) and a value head."""
-
-    num_actions: int
-    hidden_sizes: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """obs [N, D] float32 -> (logits [N, A], value [N])."""
-        x = obs
-        for size in self.hidden_sizes:
-            x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
-        return logits, value[..., 0]
 
 
 class LearnerState(NamedTuple):
@@ -61,7 +45,9 @@ def _flatten_obs(obs: jax.Array, leading: int) -> jax.Array:
 class VTraceAgent:
     """Plugs V-trace into the learner through `seedq.agents.base.Agent`."""
 
-    def __init__(self, spec: EnvSpec, config: VTraceConfig):
+    def __init__(self, spec: EnvSpec, config: VTraceConfig, precision: str = "fp32"):
+        if precision not in quant.PRECISIONS:
+            raise ValueError(f"precision={precision!r}: choose one of {', '.join(quant.PRECISIONS)}")
         if not spec.discrete:
             raise ValueError(
                 f"the vtrace agent needs a Discrete action space; this env has {spec.action_text()}"
@@ -73,6 +59,12 @@ class VTraceAgent:
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=config.adam_eps),
         )
+        # Inference precision (training stays fp32): which layers the server
+        # runs in int8, and the jitted fp32 -> published conversion.
+        self.precision = precision
+        dummy = jnp.zeros((1, int(np.prod(spec.obs_shape))), jnp.float32)
+        layers = quant.quantizable_paths(quant.find_layers(self.network, dummy))
+        self._publish = jax.jit(lambda params: quant.publish(params, precision, layers))
 
     # --- acting (inference server) ---
 
@@ -98,13 +90,16 @@ class VTraceAgent:
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
-        return state.params
+        """fp32 params, or their bf16 / int8 (quantized) form for the server."""
+        if self.precision == "fp32":
+            return state.params
+        return self._publish(state.params)
 
     def act(self, params, rng, obs, first, core_state, inputs):
         """obs [N, *obs_shape] -> (actions int32 [N], {"logits": [N, A]}, {}, new rng)."""
         del first, inputs  # feed-forward policy: episode starts need no state reset
         rng, sample_rng = jax.random.split(rng)
-        logits, _ = self.network.apply(params, _flatten_obs(obs, 1))
+        logits, _ = quant.apply(self.network, params, self.precision, _flatten_obs(obs, 1))
         actions = jax.random.categorical(sample_rng, logits).astype(jnp.int32)
         return actions, {"logits": logits}, core_state, rng
 

@@ -1,0 +1,259 @@
+"""R2D2 agent: recurrent Q-network, per-env epsilon-greedy acting on the
+server, and n-step double Q-learning on prioritized sequence replay.
+
+Sequence layout (from the server's unroll store), batch-major [B, L, ...]
+with L = burn_in + trace_length + n_step (`sequence_spec`):
+
+    steps  0 .. burn_in-1                 burn-in: only warm up the LSTM state
+    steps  burn_in .. burn_in+trace-1     loss region: transitions trained on
+    steps  burn_in+trace .. L-1           the last n: bootstrap targets only
+
+Consecutive sequences of one env overlap by burn_in + n_step steps, so the
+next sequence's loss region starts exactly where this one's ends: every step
+is in the loss region of exactly one sequence, has its full burn-in before it
+and its full n steps after it. The LSTM state the server acted from at step 0
+is stored with each sequence ("core/c", "core/h", [B, H]) and is where both
+the online and the target network start unrolling.
+
+Step t holds x_t, the reward/flags that arrived *with* x_t (produced by
+a_{t-1}) and a_t. Transition t (x_t --a_t--> x_{t+1}) has reward[t+1],
+discount 0 if terminated[t+1], and stops n-step sums there or if
+truncated[t+1] (bootstrapping from the final observation x_{t+1}). When x_t is
+itself a final observation the env ignored a_t and reset: that transition is
+out of the loss (and out of the priority). `first[t]` resets the LSTM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from seedq.agents.base import SequenceSpec, StepFieldSpec
+from seedq.agents.r2d2 import losses
+from seedq.agents.r2d2.networks import RecurrentQNetwork
+from seedq.config import R2D2Config
+from seedq.replay.prioritized import PrioritizedBatches, PrioritizedReplay
+from seedq.wire.codec import EnvSpec
+
+STEP_FIELDS = ("obs", "reward", "terminated", "truncated", "first", "action")
+
+
+class LearnerState(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+def exploration_epsilons(
+    slots: np.ndarray, num_envs: int, config: R2D2Config
+) -> np.ndarray:
+    """Per-slot epsilon: eval_epsilon for the first `eval_envs` slots, else Ape-X's spread.
+
+    Slot s is env k = s mod num_envs. Training env j = k - eval_envs of
+    M = num_envs - eval_envs gets base^(1 + alpha * j / (M - 1)) (base when M == 1):
+    from 0.4 down to 0.4^8 ~ 0.00066 with the defaults.
+    """
+    k = np.asarray(slots, np.int64) % num_envs
+    train = num_envs - config.eval_envs
+    j = k - config.eval_envs
+    exponent = 1.0 + config.epsilon_alpha * j / max(train - 1, 1)
+    eps = np.power(config.epsilon_base, exponent)
+    return np.where(j < 0, config.eval_epsilon, eps).astype(np.float32)
+
+
+class R2D2Agent:
+    """Plugs R2D2 into the learner through `seedq.agents.base.Agent`."""
+
+    def __init__(self, spec: EnvSpec, config: R2D2Config, num_envs: int, seed: int = 0):
+        if not spec.discrete:
+            raise ValueError(
+                f"the r2d2 agent needs a Discrete action space; this env has {spec.action_text()}"
+            )
+        if num_envs <= config.eval_envs:
+            raise ValueError(f"{num_envs} envs but r2d2.eval_envs={config.eval_envs}")
+        self.spec = spec
+        self.config = config
+        self.num_envs = int(num_envs)
+        self.seed = seed
+        self.network = RecurrentQNetwork(
+            num_actions=spec.num_actions,
+            hidden_sizes=tuple(config.hidden_sizes),
+            lstm_size=config.lstm_size,
+            head_hidden_size=config.head_hidden_size,
+            use_lstm=config.use_lstm,
+        )
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(config.max_grad_norm),
+            optax.adam(config.learning_rate, eps=config.adam_eps),
+        )
+
+    # --- acting (inference server) ---
+
+    def sequence_spec(self) -> SequenceSpec:
+        cfg = self.config
+        return SequenceSpec(
+            length=cfg.burn_in + cfg.trace_length + cfg.n_step, overlap=cfg.burn_in + cfg.n_step
+        )
+
+    def act_outputs(self) -> dict[str, StepFieldSpec]:
+        # The greedy action (argmax Q), recorded per step; evaluation acts with it.
+        return {"greedy_action": StepFieldSpec((), np.int32)}
+
+    def initial_core_state(self, n: int) -> dict[str, np.ndarray]:
+        if not self.config.use_lstm:
+            return {}
+        zeros = np.zeros((n, self.config.lstm_size), np.float32)
+        return {"c": zeros, "h": zeros.copy()}
+
+    def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {"epsilon": exploration_epsilons(slots, self.num_envs, self.config)}
+
+    def store_mask(self, slots: np.ndarray) -> np.ndarray:
+        """False for evaluation envs: the server does not record their steps."""
+        return (np.asarray(slots, np.int64) % self.num_envs) >= self.config.eval_envs
+
+    def act(self, params, rng, obs, first, core_state, inputs):
+        """Epsilon-greedy on Q: (obs [N, ...], first [N], {c, h} [N, H], {epsilon [N]})
+        -> (actions int32 [N], {"greedy_action": [N]}, new {c, h}, new rng)."""
+        carry = (core_state["c"], core_state["h"]) if self.config.use_lstm else None
+        q, carry = self.network.apply(params, obs[None], first[None], carry)
+        greedy = jnp.argmax(q[0], axis=-1).astype(jnp.int32)
+        rng, explore_rng, action_rng = jax.random.split(rng, 3)
+        n = obs.shape[0]
+        explore = jax.random.uniform(explore_rng, (n,)) < inputs["epsilon"]
+        random_actions = jax.random.randint(action_rng, (n,), 0, self.spec.num_actions, jnp.int32)
+        actions = jnp.where(explore, random_actions, greedy)
+        new_core = {"c": carry[0], "h": carry[1]} if self.config.use_lstm else {}
+        return actions, {"greedy_action": greedy}, new_core, rng
+
+    def greedy_actions(self, outputs: dict[str, jax.Array]) -> jax.Array:
+        """The greedy policy (evaluation): argmax Q, whatever the env's epsilon."""
+        return outputs["greedy_action"]
+
+    # --- replay ---
+
+    def replay_fields(self) -> dict[str, StepFieldSpec]:
+        """Shape/dtype of one stored sequence, field by field (what the server emits)."""
+        from seedq.server.inference import InferenceServer  # the server's own field list
+
+        length = self.sequence_spec().length
+        fields = {
+            name: StepFieldSpec((length, *f.shape), f.dtype)
+            for name, f in InferenceServer._step_fields(self, self.spec).items()
+        }
+        for name, value in self.initial_core_state(1).items():
+            fields["core/" + name] = StepFieldSpec(value.shape[1:], value.dtype)
+        return fields
+
+    def make_batch_source(self, queue) -> PrioritizedBatches:
+        cfg = self.config
+        replay = PrioritizedReplay(
+            cfg.replay_capacity,
+            self.replay_fields(),
+            priority_exponent=cfg.priority_exponent,
+            importance_exponent=cfg.importance_exponent,
+            seed=self.seed,
+        )
+        return PrioritizedBatches(
+            queue,
+            replay,
+            batch_size=cfg.batch_size,
+            min_size=cfg.min_replay_size,
+            replay_ratio=cfg.replay_ratio,
+        )
+
+    # --- learning ---
+
+    def init(self, rng: jax.Array) -> LearnerState:
+        obs = jnp.zeros((1, 1, *self.spec.obs_shape), self.spec.obs_dtype)
+        first = jnp.ones((1, 1), bool)
+        params = self.network.init(rng, obs, first, self.network.initial_carry(1))
+        return LearnerState(
+            params=params,
+            target_params=jax.tree.map(jnp.copy, params),
+            opt_state=self.optimizer.init(params),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def inference_params(self, state: LearnerState):
+        return state.params
+
+    def _initial_carry(self, batch):
+        if not self.config.use_lstm:
+            return None
+        return batch["core/c"], batch["core/h"]
+
+    def loss(self, params, target_params, batch):
+        """Importance-weighted R2D2 loss on batch-major sequences [B, L, ...].
+
+        Returns (loss, (metrics, priorities [B])).
+        """
+        cfg = self.config
+        burn_in, trace = cfg.burn_in, cfg.trace_length
+        tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in STEP_FIELDS}  # [L, B, ...]
+        carry = self._initial_carry(batch)
+
+        # Online network: burn-in without gradient, then the rest of the sequence.
+        if burn_in:
+            _, carry = self.network.apply(params, tm["obs"][:burn_in], tm["first"][:burn_in], carry)
+            carry = jax.lax.stop_gradient(carry)
+        q_online, _ = self.network.apply(params, tm["obs"][burn_in:], tm["first"][burn_in:], carry)
+        q_target, _ = self.network.apply(
+            target_params, tm["obs"], tm["first"], self._initial_carry(batch)
+        )
+        q_target = q_target[burn_in:]  # [trace + n, B, A]
+
+        # Transitions burn_in .. L-2 (trace + n - 1 of them); the first `trace` are trained on.
+        reward = tm["reward"][burn_in + 1 :].astype(jnp.float32)
+        terminated = tm["terminated"][burn_in + 1 :]
+        ended = terminated | tm["truncated"][burn_in + 1 :]
+        discount = cfg.discount * (1.0 - terminated.astype(jnp.float32))
+        out = losses.transformed_n_step_double_q(
+            q_tm1=q_online[:-1],
+            a_tm1=tm["action"][burn_in:-1].astype(jnp.int32),
+            selector_q_t=q_online[1:],
+            target_q_t=q_target[1:],
+            r_t=reward,
+            discount_t=discount,
+            stop_t=ended,
+            n=cfg.n_step,
+            eps=cfg.value_rescaling_eps,
+        )
+        td = out.td_error[:trace]
+        final = tm["terminated"][burn_in : burn_in + trace] | tm["truncated"][burn_in : burn_in + trace]
+        valid = 1.0 - final.astype(jnp.float32)  # x_t final: the env reset instead of a_t
+        loss = losses.weighted_sequence_loss(td, valid, batch["weights"])
+        abs_td = jnp.abs(jax.lax.stop_gradient(td))
+        priorities = losses.sequence_priorities(abs_td, valid, cfg.priority_eta)
+        count = jnp.maximum(jnp.sum(valid), 1.0)
+        q_taken = out.target[:trace] - td
+        metrics = {
+            "loss/total": loss,
+            "td/abs_mean": jnp.sum(abs_td * valid) / count,
+            "td/abs_max": jnp.max(abs_td * valid),
+            "q/mean": jnp.sum(q_taken * valid) / count,
+            "q/target_mean": jnp.sum(out.target[:trace] * valid) / count,
+            "priority/batch_mean": jnp.mean(priorities),
+            "is_weight/batch_mean": jnp.mean(batch["weights"]),
+        }
+        return loss, (metrics, priorities)
+
+    def update(self, state: LearnerState, batch):
+        grads, (metrics, priorities) = jax.grad(self.loss, has_aux=True)(
+            state.params, state.target_params, batch
+        )
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        step = state.step + 1
+        target_params = optax.periodic_update(
+            params, state.target_params, step, self.config.target_update_period
+        )
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        # Non-scalar: consumed (and removed) by PrioritizedBatches.after_update.
+        metrics["priorities"] = priorities
+        return LearnerState(params, target_params, opt_state, step), metrics

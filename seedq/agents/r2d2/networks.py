@@ -1,0 +1,96 @@
+"""R2D2's recurrent Q-network (flax linen): torso -> LSTM -> dueling head.
+
+One module serves acting (a single step for N envs, T = 1) and learning
+(T steps for B sequences): inputs are time-major [T, B, ...]. The torso and
+the head run on all T*B steps at once; only the LSTM is scanned over time
+(`nn.scan`). The recurrent state is reset to zeros at every step whose
+`first` flag is set, before that step is processed, both when acting and when
+unrolling stored sequences, so the state never carries across episodes.
+
+With `use_lstm=False` the LSTM is replaced by a dense layer of the same width
+(the feed-forward control for the partially observable check environment);
+the network then has no recurrent state (carry None).
+
+Every layer is an `nn.Dense` (the LSTM computes its four gates with a single
+one), like the other networks in `seedq.agents.networks`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seedq.agents.networks import DuelingHead, make_torso
+
+Carry = tuple[jax.Array, jax.Array]  # (cell c [B, H], hidden h [B, H])
+
+
+class LSTMCell(nn.Module):
+    """A standard LSTM step: ((c, h), x [B, F]) -> ((c', h'), h' [B, H])."""
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, carry: Carry, x: jax.Array) -> tuple[Carry, jax.Array]:
+        c, h = carry
+        gates = nn.Dense(4 * self.hidden_size, name="gates")(jnp.concatenate([x, h], axis=-1))
+        i, f, g, o = jnp.split(gates, 4, axis=-1)
+        c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+        h = nn.sigmoid(o) * jnp.tanh(c)
+        return (c, h), h
+
+
+class _ResettingLSTMStep(nn.Module):
+    """One time step; zeroes the carry of envs whose `first` flag is set."""
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, carry: Carry, inputs: tuple[jax.Array, jax.Array]):
+        x, first = inputs  # [B, F], [B] bool
+        keep = 1.0 - first.astype(x.dtype)[:, None]
+        carry = jax.tree.map(lambda state: state * keep, carry)
+        return LSTMCell(self.hidden_size, name="cell")(carry, x)
+
+
+_ScannedLSTM = nn.scan(
+    _ResettingLSTMStep,
+    variable_broadcast="params",
+    split_rngs={"params": False},
+    in_axes=0,
+    out_axes=0,
+)
+
+
+class RecurrentQNetwork(nn.Module):
+    """(obs [T, B, *obs], first [T, B], carry) -> (Q [T, B, A], carry after step T-1)."""
+
+    num_actions: int
+    hidden_sizes: tuple[int, ...] = (64,)
+    lstm_size: int = 64
+    head_hidden_size: int = 64
+    use_lstm: bool = True
+    torso: str = "mlp"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
+        T, B = obs.shape[:2]
+        x = make_torso(self.torso, self.hidden_sizes)(obs.reshape(T * B, *obs.shape[2:]))
+        if self.use_lstm:
+            carry, y = _ScannedLSTM(self.lstm_size, name="lstm")(
+                carry, (x.reshape(T, B, -1), first)
+            )
+            y = y.reshape(T * B, -1)
+        else:
+            y = nn.relu(nn.Dense(self.lstm_size, name="feedforward")(x))
+        q = DuelingHead(self.num_actions, self.head_hidden_size)(y)
+        return q.reshape(T, B, self.num_actions), carry
+
+    def initial_carry(self, batch_size: int) -> Optional[Carry]:
+        if not self.use_lstm:
+            return None
+        zeros = jnp.zeros((batch_size, self.lstm_size), jnp.float32)
+        return zeros, zeros

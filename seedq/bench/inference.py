@@ -1,0 +1,277 @@
+"""`seedq bench inference`: jitted policy inference in fp32, bf16 and int8, side by side.
+
+For every (network, batch size) all requested precisions are compiled first
+and then timed in interleaved rounds (fp32, bf16, int8, fp32, ...), so load
+changes on a shared machine hit every precision alike; the reported time per
+call is the median over rounds (the best round is reported too).
+
+Accuracy is measured once per (network, precision) on a fixed evaluation set
+(real Atari frames for the CNNs, Gaussian vectors for the MLP) against fp32:
+  * max_rel_logit_error = max over states of max_a |l_p - l_fp32| / max_a |l_fp32|
+  * argmax_agreement = fraction of states whose greedy action equals fp32's.
+
+`--profile` adds a per-layer table (each Dense/Conv timed alone at fp32,
+bf16 and int8, and every int8 convolution implementation), which is what
+explains a network whose int8 speed-up is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seedq import quant
+from seedq.agents import networks
+from seedq.quant import layers as qlayers
+
+DEFAULT_ATARI_ENV = "ALE/Pong-v5"
+
+
+def collect_atari_frames(n: int, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0) -> np.ndarray:
+    """`n` preprocessed Atari states [n, 84, 84, 4] uint8 (grey, 4-stack) from random play."""
+    import ale_py
+    import gymnasium as gym
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    gym.register_envs(ale_py)
+    env = gym.make(env_id, frameskip=1)
+    env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
+    env = FrameStackObservation(env, 4)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    frames = []
+    while len(frames) < n:
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+        frames.append(np.moveaxis(np.asarray(obs), 0, -1))  # [4, 84, 84] -> [84, 84, 4]
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(frames).astype(np.uint8)
+
+
+def make_net(name: str, num_actions: int, mlp_hidden=(256, 256, 256)):
+    return networks.PolicyValueNet(networks.make_torso(name, mlp_hidden), num_actions)
+
+
+def eval_inputs(name: str, n: int, *, frames: str, seed: int, mlp_input: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if name == "mlp":
+        return rng.standard_normal((n, mlp_input)).astype(np.float32)
+    if frames == "atari":
+        return collect_atari_frames(n, seed=seed)
+    return rng.integers(0, 256, (n, 84, 84, 4), dtype=np.uint8)
+
+
+class NetBench:
+    """One network at every precision: published params and jitted forward passes."""
+
+    def __init__(self, name: str, precisions, *, num_actions: int, seed: int, example: np.ndarray,
+                 mlp_hidden=(256, 256, 256)):
+        self.name = name
+        self.net = make_net(name, num_actions, mlp_hidden)
+        self.params = self.net.init(jax.random.PRNGKey(seed), example[:1])
+        self.layers = quant.find_layers(self.net, example[:1])
+        paths = quant.quantizable_paths(self.layers)
+        self.published = {p: quant.publish(self.params, p, paths) for p in precisions}
+        self.forward = {
+            p: jax.jit(lambda params, obs, p=p: quant.apply(self.net, params, p, obs)) for p in precisions
+        }
+
+    def logits(self, precision: str, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self.forward[precision](self.published[precision], obs)[0])
+
+
+def accuracy(reference: np.ndarray, logits: np.ndarray) -> dict:
+    ref_scale = np.maximum(np.max(np.abs(reference), axis=-1), 1e-30)
+    rel = np.max(np.abs(logits - reference), axis=-1) / ref_scale
+    return {
+        "max_rel_logit_error": float(np.max(rel)),
+        "mean_rel_logit_error": float(np.mean(rel)),
+        "argmax_agreement": float(np.mean(np.argmax(logits, -1) == np.argmax(reference, -1))),
+        "states": int(len(reference)),
+    }
+
+
+def time_side_by_side(fns: dict, rounds: int, budget_s: float) -> dict[str, dict]:
+    """Median and best seconds per call of each compiled zero-argument function, interleaved."""
+    single = {}
+    for name, f in fns.items():
+        jax.block_until_ready(f())  # warm
+        started = time.perf_counter()
+        jax.block_until_ready(f())
+        single[name] = max(time.perf_counter() - started, 1e-6)
+    calls = {name: max(1, int(budget_s / rounds / len(fns) / t)) for name, t in single.items()}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, f in fns.items():
+            started = time.perf_counter()
+            for _ in range(calls[name]):
+                out = f()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - started) / calls[name])
+    return {
+        name: {"median_s": statistics.median(s), "best_s": min(s), "calls_per_round": calls[name]}
+        for name, s in samples.items()
+    }
+
+
+def _layer_params(tree: dict, path: tuple[str, ...]) -> dict:
+    node = tree["params"]
+    for key in path:
+        node = node[key]
+    return node
+
+
+def profile_layers(bench: NetBench, batch: int, precisions, *, rounds: int, budget_s: float,
+                   seed: int = 0) -> list[dict]:
+    """Each Dense/Conv of `bench.net` timed alone at `batch` (fp32 vs bf16 vs int8 impls)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for layer in bench.layers:
+        shape = (batch,) + tuple(layer.input.shape[1:])
+        if layer.pixels:
+            x = jnp.asarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        else:  # post-ReLU-like activations
+            x = jnp.asarray(np.abs(rng.standard_normal(shape)).astype(np.float32))
+        variants = {}
+        for p in precisions:
+            if p == "int8" and not layer.quantizable:
+                continue
+            impls = [None]
+            if p == "int8" and layer.kind == "conv":
+                impls += list(qlayers.CONV_IMPLS)
+            for impl in impls:
+                label = p if impl is None else f"int8:{impl}"
+                f = jax.jit(qlayers.layer_fn(layer, p, impl))
+                lp = _layer_params(bench.published[p], layer.path)
+                variants[label] = (lambda f=f, lp=lp: f(lp, x))
+        if "int8" in precisions and layer.quantizable and not layer.pixels:
+            qf = jax.jit(quant.quantize_rows)
+            variants["int8:quantize_input"] = (lambda qf=qf: qf(x))
+        timing = time_side_by_side(variants, rounds, budget_s)
+        kernel = _layer_params(bench.params, layer.path)["kernel"].shape
+        row = {
+            "net": bench.name,
+            "batch": batch,
+            "layer": "/".join(layer.path),
+            "kind": layer.kind,
+            "input": list(shape),
+            "input_dtype": str(layer.input.dtype) if not layer.pixels else "uint8 (pixels)",
+            "kernel": list(kernel),
+            "ms": {k: v["median_s"] * 1e3 for k, v in timing.items()},
+        }
+        if layer.kind == "conv" and "int8" in precisions and layer.quantizable:
+            row["int8_auto_impl"] = qlayers.auto_conv_impl(layer, batch, kernel)
+        rows.append(row)
+    return rows
+
+
+def run(
+    nets=("mlp", "nature_cnn", "impala_cnn"),
+    precisions=("fp32", "bf16", "int8"),
+    batches=(1, 16, 64, 256),
+    *,
+    num_actions: int = 6,
+    seed: int = 0,
+    rounds: int = 7,
+    budget_s: float = 1.5,
+    frames: str = "atari",
+    eval_states: int = 512,
+    mlp_hidden=(256, 256, 256),
+    mlp_input: int = 64,
+    profile: bool = False,
+    profile_batches=(64,),
+    log=None,
+) -> dict:
+    precisions = tuple(precisions)
+    if "fp32" not in precisions:
+        precisions = ("fp32",) + precisions  # the reference for ratios and errors
+    for p in precisions:
+        if p not in quant.PRECISIONS:
+            raise ValueError(f"precision {p!r}: choose from {', '.join(quant.PRECISIONS)}")
+    results, accuracy_rows, profile_rows = [], [], []
+    for name in nets:
+        if name not in networks.NETWORKS:
+            raise ValueError(f"network {name!r}: choose from {', '.join(networks.NETWORKS)}")
+        states = eval_inputs(name, eval_states, frames=frames, seed=seed, mlp_input=mlp_input)
+        bench = NetBench(name, precisions, num_actions=num_actions, seed=seed, example=states,
+                         mlp_hidden=mlp_hidden)
+        reference = bench.logits("fp32", states)
+        for p in precisions:
+            row = {"net": name, "precision": p, **accuracy(reference, bench.logits(p, states))}
+            accuracy_rows.append(row)
+        acc_by_p = {r["precision"]: r for r in accuracy_rows if r["net"] == name}
+        for batch in batches:
+            obs = jnp.asarray(np.resize(states, (batch,) + states.shape[1:]))
+            fns = {
+                p: (lambda p=p: bench.forward[p](bench.published[p], obs)) for p in precisions
+            }
+            timing = time_side_by_side(fns, rounds, budget_s)
+            base = timing["fp32"]["median_s"]
+            for p in precisions:
+                t = timing[p]
+                results.append({
+                    "net": name,
+                    "batch": batch,
+                    "precision": p,
+                    "ms_per_call": t["median_s"] * 1e3,
+                    "best_ms_per_call": t["best_s"] * 1e3,
+                    "samples_per_second": batch / t["median_s"],
+                    "ratio_to_fp32": base / t["median_s"],
+                    "max_rel_logit_error": acc_by_p[p]["max_rel_logit_error"],
+                    "argmax_agreement": acc_by_p[p]["argmax_agreement"],
+                })
+                if log:
+                    r = results[-1]
+                    log(f"{name:>10} batch {batch:>4} {p:>4}: {r['ms_per_call']:9.3f} ms "
+                        f"{r['samples_per_second']:10.0f}/s  x{r['ratio_to_fp32']:.2f} vs fp32")
+        if profile:
+            for batch in profile_batches:
+                profile_rows += profile_layers(bench, batch, precisions, rounds=max(3, rounds // 2),
+                                               budget_s=budget_s / 3, seed=seed)
+    out = {
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+        "cpu_count": os.cpu_count(),
+        "conv_policy": qlayers.default_conv_policy(),
+        "frames": frames,
+        "results": results,
+        "accuracy": accuracy_rows,
+        "conv_choices": [
+            {"x_shape": list(k[1]), "x_dtype": k[2], "kernel": list(k[3]), "strides": list(k[4]),
+             "impl": c.impl, "reason": c.reason,
+             "ms": {i: (None if s is None else s * 1e3) for i, s in c.seconds.items()}}
+            for k, c in qlayers.conv_choices().items()
+        ],
+    }
+    if profile:
+        out["profile"] = profile_rows
+    return out
+
+
+def format_table(result: dict) -> str:
+    """Human-readable version of `run`'s result."""
+    lines = [f"backend {result['backend']}, jax {result['jax_version']}, {result['cpu_count']} CPUs, "
+             f"conv policy {result['conv_policy']}, frames {result['frames']}"]
+    lines.append(f"{'net':>10} {'batch':>5} {'prec':>5} {'ms/call':>9} {'samples/s':>10} "
+                 f"{'x fp32':>6} {'max rel err':>11} {'argmax agree':>12}")
+    for r in result["results"]:
+        lines.append(
+            f"{r['net']:>10} {r['batch']:>5} {r['precision']:>5} {r['ms_per_call']:9.3f} "
+            f"{r['samples_per_second']:10.0f} {r['ratio_to_fp32']:6.2f} "
+            f"{r['max_rel_logit_error']:11.4f} {r['argmax_agreement']:12.4f}"
+        )
+    if result.get("profile"):
+        lines.append("")
+        lines.append("per-layer profile (ms per call, median):")
+        for row in result["profile"]:
+            times = "  ".join(f"{k} {v:.3f}" for k, v in row["ms"].items())
+            auto = f"  [auto: {row['int8_auto_impl']}]" if row.get("int8_auto_impl") else ""
+            lines.append(f"  {row['net']} b{row['batch']} {row['layer']} {row['input']} "
+                         f"k{row['kernel']}: {times}{auto}")
+    return "\n".join(lines)

@@ -1,0 +1,307 @@
+"""Prioritized sequence replay held by the learner, and the batch source that
+feeds it from the server's sequence queue.
+
+`PrioritizedReplay` stores whole sequences (every field of a sequence in one
+row of a preallocated numpy array [capacity, ...]), evicts the oldest when
+full (FIFO: a ring buffer), and samples rows with probability
+P(i) = p_i^alpha / sum_j p_j^alpha through a `SumTree`. Sampled rows come
+with importance-sampling weights w_i = (N P(i))^-beta / max_batch w, i.e.
+normalised by the largest weight in the batch so that weights only ever
+scale updates down. New sequences enter with the largest priority seen so far,
+so each is likely to be trained on at least once before its TD error is known.
+
+`PrioritizedBatches` is the learner-side `BatchSource`: it moves finished
+sequences from the `UnrollQueue` into replay, samples training batches, and
+writes the new priorities back after each update. All of this runs on the
+training thread; `stats()` is also read by the reporting thread (plain
+numbers, read without locks).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import numpy as np
+
+from seedq.agents.base import StepFieldSpec
+from seedq.replay.sum_tree import SumTree
+
+# Priorities are floored here so that a sequence whose TD errors are all zero
+# keeps a (tiny) chance of being sampled again.
+MIN_PRIORITY = 1e-6
+
+
+class PrioritizedReplay:
+    def __init__(
+        self,
+        capacity: int,
+        fields: dict[str, StepFieldSpec],
+        *,
+        priority_exponent: float = 0.9,
+        importance_exponent: float = 0.6,
+        seed: int = 0,
+    ):
+        """fields: name -> per-sequence shape and dtype (e.g. obs: ((L, 4), float32))."""
+        if capacity <= 0:
+            raise ValueError(f"replay capacity {capacity}: must be > 0")
+        self.capacity = int(capacity)
+        self.fields = dict(fields)
+        self.alpha = float(priority_exponent)
+        self.beta = float(importance_exponent)
+        self._data = {
+            name: np.zeros((self.capacity, *spec.shape), spec.dtype) for name, spec in self.fields.items()
+        }
+        self._tree = SumTree(self.capacity)
+        # Insertion serial number of the sequence in each row: a priority
+        # update for a row that was overwritten since it was sampled is dropped.
+        self._serial = np.full(self.capacity, -1, np.int64)
+        self._priority = np.zeros(self.capacity, np.float64)  # p_i, before the exponent
+        self._next = 0  # row the next insert writes (the oldest row once full)
+        self.size = 0
+        self.inserted = 0  # sequences ever inserted
+        self.sampled = 0  # sequences ever sampled (a batch of B counts B)
+        self.max_priority = 1.0
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._data.values())
+
+    def add(self, sequences: dict[str, np.ndarray], priorities=None) -> np.ndarray:
+        """Inserts k sequences (name -> [k, ...]); returns their rows [k].
+
+        Without `priorities` they enter with the largest priority seen so far.
+        When the buffer is full the oldest sequences are overwritten.
+        """
+        if sequences.keys() != self._data.keys():
+            raise KeyError(f"sequence fields {sorted(sequences)} != replay fields {sorted(self._data)}")
+        k = len(next(iter(sequences.values())))
+        if k == 0:
+            return np.zeros(0, np.int64)
+        if k > self.capacity:  # only the newest `capacity` would survive anyway
+            sequences = {name: v[k - self.capacity :] for name, v in sequences.items()}
+            self.inserted += k - self.capacity
+            if priorities is not None:
+                priorities = np.asarray(priorities)[k - self.capacity :]
+            k = self.capacity
+        rows = (self._next + np.arange(k)) % self.capacity
+        for name, values in sequences.items():
+            self._data[name][rows] = values
+        if priorities is None:
+            priorities = np.full(k, self.max_priority)
+        else:
+            priorities = np.maximum(np.asarray(priorities, np.float64), MIN_PRIORITY)
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+        self._tree.set(rows, priorities**self.alpha)
+        self._priority[rows] = priorities
+        self._serial[rows] = self.inserted + np.arange(k)
+        self.inserted += k
+        self._next = int((self._next + k) % self.capacity)
+        self.size = min(self.capacity, self.size + k)
+        return rows
+
+    def sample(self, batch_size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """A batch of sequences drawn by priority; returns (batch, serials).
+
+        batch: every field [batch_size, ...] plus "weights" float32 [B]
+        (importance-sampling weights, max-normalised within the batch) and
+        "indices" int32 [B] (replay rows, for `update_priorities`).
+        serials [B] identify the sampled sequences (see `update_priorities`).
+        """
+        if self.size == 0:
+            raise ValueError("cannot sample from an empty replay")
+        rows = self._tree.sample(batch_size, self._rng)
+        batch = {name: data[rows] for name, data in self._data.items()}
+        batch["weights"] = self.importance_weights(rows)
+        batch["indices"] = rows.astype(np.int32)
+        self.sampled += batch_size
+        return batch, self._serial[rows].copy()
+
+    def probabilities(self, rows) -> np.ndarray:
+        """Sampling probabilities P(i) of `rows` [k] -> float64 [k]."""
+        return self._tree.get(rows) / self._tree.total
+
+    def importance_weights(self, rows) -> np.ndarray:
+        """(N P(i))^-beta / max over `rows`, float32 [k]; N = current size."""
+        weights = (self.size * self.probabilities(rows)) ** (-self.beta)
+        return (weights / weights.max()).astype(np.float32)
+
+    def update_priorities(self, rows, priorities, serials=None) -> int:
+        """Sets new priorities (before the exponent) for `rows`; returns how many were set.
+
+        With `serials` (from `sample`), rows that have since been overwritten
+        by newer sequences are left alone. If a row appears more than once,
+        the last of its priorities wins.
+        """
+        rows = np.asarray(rows, np.int64)
+        priorities = np.maximum(np.asarray(priorities, np.float64), MIN_PRIORITY)
+        if not np.all(np.isfinite(priorities)):
+            raise ValueError(f"non-finite priorities: {priorities}")
+        if serials is not None:
+            live = self._serial[rows] == np.asarray(serials)
+            rows, priorities = rows[live], priorities[live]
+        if len(rows):
+            self._tree.set(rows, priorities**self.alpha)
+            self._priority[rows] = priorities
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+        return len(rows)
+
+    def priority_stats(self) -> tuple[float, float]:
+        """(mean, max) of the priorities p_i (before the exponent) of the stored sequences."""
+        if self.size == 0:
+            return 0.0, 0.0
+        stored = self._priority[: self.size]
+        return float(stored.mean()), float(stored.max())
+
+
+class PrioritizedBatches:
+    """`BatchSource` for replay-based agents: UnrollQueue -> replay -> batches.
+
+    Replay-ratio control (`replay_ratio` = r > 0, sequences sampled per
+    sequence inserted, i.e. how often each sequence is trained on, on
+    average), counted from the moment the replay first holds `min_size`
+    sequences, with a tolerance of `slack` samples either way:
+
+      * a batch is sampled only while sampled + B <= r * inserted + slack;
+        otherwise the learner waits for the server to finish more sequences;
+      * sequences are moved from the queue into replay only while
+        r * inserted <= sampled + slack; otherwise they stay in the bounded
+        queue, which, once full, makes the inference server wait
+        (backpressure): acting slows down to the learner's pace.
+
+    With slack >= B/2 one of the two is always possible, so neither side can
+    deadlock. r = 0 disables the control: every finished sequence is inserted
+    and the learner samples as fast as it can.
+    """
+
+    def __init__(
+        self,
+        queue,
+        replay: PrioritizedReplay,
+        *,
+        batch_size: int,
+        min_size: int,
+        replay_ratio: float = 0.0,
+        slack: float | None = None,
+        priority_key: str = "priorities",
+    ):
+        if min_size > replay.capacity:
+            raise ValueError(f"replay min size {min_size} > capacity {replay.capacity}")
+        self.queue = queue
+        self.replay = replay
+        self.batch_size = int(batch_size)
+        self.min_size = max(int(min_size), 1)
+        self.replay_ratio = float(replay_ratio)
+        self.slack = float(2 * batch_size if slack is None else slack)
+        if self.replay_ratio > 0 and self.slack < batch_size / 2:
+            raise ValueError(f"slack {self.slack} < batch_size/2 could deadlock")
+        self.priority_key = priority_key
+        self._pending: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
+        self._inserted_at_fill: int | None = None  # replay.inserted when min_size was reached
+        self._sampled_at_fill = 0
+        self.wait_seconds = 0.0  # learner waiting for data
+        self.last_weights = np.ones(1, np.float32)
+        self.priority_updates = 0
+        self.stale_priority_updates = 0
+
+    # --- rate control ---
+
+    def _credit(self) -> float:
+        """r * inserted - sampled since min fill (how far sampling may run ahead)."""
+        if self._inserted_at_fill is None:
+            return 0.0
+        inserted = self.replay.inserted - self._inserted_at_fill
+        sampled = self.replay.sampled - self._sampled_at_fill
+        return self.replay_ratio * inserted - sampled
+
+    def _may_insert(self) -> bool:
+        if self.replay_ratio <= 0 or self._inserted_at_fill is None:
+            return True
+        return self._credit() <= self.slack
+
+    def _may_sample(self) -> bool:
+        if self._inserted_at_fill is None:
+            return False
+        if self.replay_ratio <= 0:
+            return True
+        return self.batch_size <= self._credit() + self.slack
+
+    def _insert(self, sequences: dict[str, np.ndarray]) -> None:
+        self.replay.add(sequences)
+        if self._inserted_at_fill is None and self.replay.size >= self.min_size:
+            self._inserted_at_fill = self.replay.inserted
+            self._sampled_at_fill = self.replay.sampled
+
+    def _drain(self) -> None:
+        """Moves what the queue holds into replay, while the ratio allows (non-blocking)."""
+        while len(self.queue) and self._may_insert():
+            chunk = self.queue.get(min(len(self.queue), self.batch_size), timeout=0)
+            if chunk is None:
+                return
+            self._insert(chunk)
+
+    # --- BatchSource ---
+
+    def next_batch(self, stop):
+        while not stop.is_set():
+            self._drain()
+            if self._may_sample():
+                batch, serials = self.replay.sample(self.batch_size)
+                self._pending.append((batch["indices"], serials))
+                self.last_weights = batch["weights"]
+                return batch
+            waited = time.perf_counter()
+            chunk = self.queue.get(1, timeout=0.2)  # the learner is ahead: wait for data
+            self.wait_seconds += time.perf_counter() - waited
+            if chunk is not None:
+                self._insert(chunk)
+        return None
+
+    def after_update(self, batch, metrics) -> None:
+        """Writes the update's new priorities (metrics[priority_key], [B]) back.
+
+        The entry is removed from `metrics`, which then holds only scalars.
+        Batches are fed back in the order they were sampled.
+        """
+        priorities = metrics.pop(self.priority_key, None)
+        if not self._pending:
+            return
+        rows, serials = self._pending.popleft()
+        if priorities is None:
+            return
+        priorities = np.asarray(priorities, np.float64)
+        done = self.replay.update_priorities(rows, priorities, serials)
+        self.priority_updates += done
+        self.stale_priority_updates += len(rows) - done
+
+    def example_batch(self) -> dict[str, np.ndarray]:
+        """A zero batch shaped like the real ones (compiles the update ahead of time)."""
+        batch = {
+            name: np.zeros((self.batch_size, *spec.shape), spec.dtype)
+            for name, spec in self.replay.fields.items()
+        }
+        batch["weights"] = np.ones(self.batch_size, np.float32)
+        batch["indices"] = np.zeros(self.batch_size, np.int32)
+        return batch
+
+    def stats(self) -> dict[str, Any]:
+        """Replay and sampling statistics for TensorBoard (plain floats)."""
+        replay = self.replay
+        mean_p, max_p = replay.priority_stats()
+        return {
+            "replay/size": replay.size,
+            "replay/fill": replay.size / replay.capacity,
+            "replay/inserted": replay.inserted,
+            "replay/sampled": replay.sampled,
+            # Achieved samples per inserted sequence, over the whole run.
+            "replay/ratio": replay.sampled / replay.inserted if replay.inserted else 0.0,
+            "replay/priority_mean": mean_p,
+            "replay/priority_max": max_p,
+            "replay/max_priority_seen": replay.max_priority,
+            "replay/is_weight_mean": float(np.mean(self.last_weights)),
+            "replay/is_weight_min": float(np.min(self.last_weights)),
+            "replay/learner_wait_seconds": self.wait_seconds,
+            "replay/stale_priority_updates": self.stale_priority_updates,
+        }

@@ -1,0 +1,368 @@
+"""Operating a training run: checkpoints, resume (also after SIGKILL), eval,
+metrics, progress display, CLI error paths, generated docs, the notebook."""
+
+import io
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from seedq import cli
+from seedq.learner import checkpoint
+from seedq.learner.events import read_scalars
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+NEW_SCALARS = {
+    "learner/steps_per_second", "inference/latency_ms_p50", "inference/latency_ms_p99",
+    "learner/policy_lag_mean", "learner/policy_lag_max", "learner/publish_ms",
+    "throughput/frames_per_second", "episode/return_mean", "episode/length_mean",
+    "inference/batch_size_mean", "queue/depth_unrolls", "loss/total", "grad_norm",
+    "eval/return_mean",
+}
+
+
+def seedq(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "seedq.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def seedq_json(*args, timeout=300) -> dict:
+    result = seedq(*args, "--json", timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def newest_step(run: pathlib.Path) -> int:
+    steps = [int(p.name[len("step_"):]) for p in (run / "checkpoints").glob("step_*")
+             if p.name[len("step_"):].isdigit()]
+    return max(steps, default=-1)
+
+
+def assert_monotone_counters(run: pathlib.Path) -> dict:
+    """TensorBoard steps (env frames) increase and counters never decrease."""
+    scalars = read_scalars(run)
+    for tag in ("learner/train_steps", "learner/policy_version", "episode/count", "time/elapsed_seconds"):
+        points = scalars[tag]
+        steps = [s for s, _ in points]
+        values = [v for _, v in points]
+        assert steps == sorted(steps), (tag, points)
+        assert values == sorted(values), (tag, points)
+    return scalars
+
+
+# --- acceptance 1: SIGKILL the learner mid-run; resume; actors reconnect by themselves ---
+
+
+@pytest.fixture(scope="module")
+def sigkilled_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("sigkill")
+    run = work / "run"
+    address = f"unix:{work}/learner.sock"
+    log1 = open(work / "learner-1.log", "w")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "seedq.cli", "learner", "--address", address, "--logdir", str(run),
+         "--min-actors", "2", "--checkpoint-every-seconds", "1", "--max-seconds", "0",
+         "--max-frames", "3000000", "--log-every-seconds", "1"],
+        stdout=log1, stderr=subprocess.STDOUT,
+    )
+    # Started separately (the multi-machine path); they retry forever by default.
+    actors = [
+        subprocess.Popen(
+            [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", "CartPole-v1",
+             "--num-envs", "32", "--actor-id", f"remote-{i}", "--seed", str(100 + i),
+             "--stats-file", str(work / f"actor-{i}.json")],
+        )
+        for i in range(2)
+    ]
+    try:
+        # Mid-run: trained for a while, far from the target (~2000 steps).
+        wait_for(lambda: newest_step(run) >= 150, 180, "a checkpoint after 150 train steps")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        killed_meta, killed_dir = checkpoint.read_meta(str(run))
+        alive_after_kill = [a.poll() is None for a in actors]
+        second = seedq("learner", "--resume", run, "--log-every-seconds", "1", timeout=420)
+        alive_at_end = [a.poll() is None for a in actors]
+    finally:
+        for p in (first, *actors):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in actors:
+            p.wait(timeout=30)
+        first.wait(timeout=30)
+        log1.close()
+    stats = [json.loads((work / f"actor-{i}.json").read_text()) for i in range(2)]
+    return SimpleNamespace(
+        run=run, second=second, killed=killed_meta["counters"], killed_dir=killed_dir,
+        alive_after_kill=alive_after_kill, alive_at_end=alive_at_end, stats=stats,
+        first_log=(work / "learner-1.log").read_text(),
+    )
+
+
+def test_sigkilled_learner_resumes_and_reaches_the_target(sigkilled_run):
+    r = sigkilled_run
+    out = r.second.stdout + r.second.stderr
+    assert r.second.returncode == 0, out + "\n--- first learner ---\n" + r.first_log
+    assert "Traceback" not in out
+    assert f"resuming from {r.killed_dir}" in out
+    summary = json.loads((r.run / "summary.json").read_text())
+    assert summary["reached_target"] and summary["mean_return_last100"] >= 475, summary
+    assert summary["resumed_from"] == r.killed_dir and summary["segments"] == 2
+    # Counters continue from the checkpoint: never back to 0, never backwards.
+    for key in ("train_steps", "frames", "episodes", "policy_version"):
+        assert summary[key] > r.killed[key] > 0, key
+    assert summary["wall_seconds"] > r.killed["elapsed_seconds"]
+    assert summary["frames_to_target"] > r.killed["frames"]
+    # The same actor processes served both learners: never restarted, reconnected by themselves.
+    assert r.alive_after_kill == [True, True] and r.alive_at_end == [True, True]
+    assert all(s["connections"] >= 2 for s in r.stats), r.stats
+    scalars = assert_monotone_counters(r.run)
+    frames = [s for s, _ in scalars["episode/return_mean"]]
+    assert min(frames) < r.killed["frames"] < max(frames)  # the curve continues across the restart
+    kept = list((r.run / "checkpoints").glob("step_*"))
+    assert 1 <= len(kept) <= 3, kept
+
+
+# --- acceptance 2: eval of a solved checkpoint, with a video read back ---
+
+
+def test_eval_of_the_solved_checkpoint_with_video(sigkilled_run, tmp_path):
+    import imageio.v2 as imageio
+
+    video = tmp_path / "cartpole.mp4"
+    result = seedq_json("eval", sigkilled_run.run, "--episodes", 20, "--seed", 0, "--video", video)
+    assert result["policy"] == "greedy" and result["episodes"] == 20
+    assert result["mean"] >= 475, result
+    assert result["min"] <= result["mean"] <= result["max"]
+    reader = imageio.get_reader(str(video))
+    frames = [frame for frame in reader]
+    reader.close()
+    assert len(frames) == result["video"]["frames"] >= 100
+    assert frames[0].shape == (400, 600, 3) and frames[-1].std() > 0  # rendered, not blank
+
+
+# --- local mode: `seedq train --resume`, and eval reproducing the run's own numbers ---
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("local") / "run"
+    common = ("--target-return", 0, "--log-every-seconds", 0.5, "--checkpoint-every-seconds", 1,
+              "--eval-episodes", 5)
+    first = seedq("train", "--max-frames", 20000, "--logdir", run, *common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    first_summary = json.loads((run / "summary.json").read_text())
+    second = seedq("train", "--resume", run, "--max-frames", 40000)
+    assert second.returncode == 0, second.stdout + second.stderr
+    return SimpleNamespace(run=run, first=first_summary, second=second,
+                           summary=json.loads((run / "summary.json").read_text()))
+
+
+def test_train_resume_continues_the_local_run(local_run):
+    first, summary = local_run.first, local_run.summary
+    assert "resuming from" in local_run.second.stdout
+    assert summary["segments"] == 2 and summary["resumed_from"] == first["checkpoint"]
+    assert summary["frames"] >= 40000 > first["frames"]
+    for key in ("train_steps", "episodes", "policy_version", "wall_seconds"):
+        assert summary[key] > first[key], key
+    config = json.loads((local_run.run / "config.json").read_text())
+    assert config["max_frames"] == 40000 and config["eval_episodes"] == 5  # override + saved config
+    assert len(list(local_run.run.glob("events.out.tfevents*"))) == 2
+    scalars = assert_monotone_counters(local_run.run)
+    assert NEW_SCALARS <= set(scalars), NEW_SCALARS - set(scalars)
+    assert all(v >= 0 for _, v in scalars["learner/policy_lag_mean"])
+
+
+def test_eval_reproduces_the_training_runs_evaluation(local_run, tmp_path):
+    recorded = local_run.summary["eval"]
+    assert recorded["policy"] == "greedy" and recorded["checkpoint"] == local_run.summary["checkpoint"]
+    assert len(set(recorded["returns"])) > 1  # an unsolved policy: the returns differ per seed
+    # Defaults: the run's newest checkpoint, eval_episodes and eval_seed.
+    result = seedq_json("eval", local_run.run)
+    assert result["checkpoint"] == recorded["checkpoint"]
+    assert result["returns"] == recorded["returns"] and result["seed"] == recorded["seed"]
+
+    # Sampled actions with a fixed seed are reproducible too (in-process); a GIF of one episode.
+    from seedq import evaluate
+
+    gif = tmp_path / "episode.gif"
+    code = cli.main(["eval", recorded["checkpoint"], "--episodes", "4", "--seed", "7", "--sample",
+                     "--video", str(gif)])
+    assert code == 0
+    loaded = evaluate.load_policy(recorded["checkpoint"], greedy=False)
+    runs = [evaluate.evaluate(loaded.policy, "CartPole-v1", 4, seed=7).returns for _ in range(2)]
+    assert runs[0] == runs[1]
+    import imageio.v3 as iio
+
+    assert iio.imread(gif, index=None).shape[0] >= 2
+
+
+# --- acceptance 4: every CLI error path is one clear line, non-zero, no traceback ---
+
+
+def run_cli(args, capsys):
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "args, code, expected",
+    [
+        (["train", "--vtrace.learning-rat", "1"], 2, "did you mean --vtrace.learning-rate"),
+        (["train", "--no-such-flag", "1"], 2, "valid options: --address, --agent"),
+        (["train", "--vtrace.hidden-sizes", "a,b"], 2, "expected comma-separated ints"),
+        (["train", "--eval-episodes", "many"], 2, "invalid int value: 'many'"),
+        (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),
+        (["train", "--agent", "a3c"], 2, "choose one of vtrace"),
+        (["eval", "somewhere", "--precision", "fp64"], 2, "invalid choice: 'fp64' (choose from 'fp32'"),
+        (["train", "--resume", "{missing}"], 1, "no such run directory"),
+        (["learner", "--resume", "{missing}"], 1, "no such run directory"),
+        (["eval", "{missing}"], 1, "no such run directory or checkpoint"),
+        (["train", "--resume", "{empty}"], 1, "not a seedq run directory (no config.json)"),
+        (["train", "--resume", "{no_checkpoint}"], 1, "no checkpoint in it"),
+        (["train", "--resume", "{run}", "--vtrace.hidden-sizes", "32"], 1,
+         "incompatible with this config (CartPole-v1): learner/params/params/Dense_0/bias is float32[64]"),
+        (["eval", "{run}", "--env", "Acrobot-v1"], 1,
+         "incompatible with this config (Acrobot-v1): learner/params/params/Dense_0/kernel is float32[4, 64]"),
+    ],
+)
+def test_cli_errors_are_one_line(args, code, expected, local_run, tmp_path, capsys):
+    no_checkpoint = tmp_path / "no_checkpoint"
+    no_checkpoint.mkdir()
+    (no_checkpoint / "config.json").write_text((local_run.run / "config.json").read_text())
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path, "run": local_run.run,
+             "no_checkpoint": no_checkpoint}
+    args = [a.format(**paths) for a in args]
+    got, out, err = run_cli(args, capsys)
+    assert got == code, (got, out, err)
+    assert expected in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert json.loads((local_run.run / "config.json").read_text())["vtrace"]["hidden_sizes"] == [64, 64]
+
+
+def test_print_config_with_resume_shows_saved_config_plus_overrides(local_run, capsys):
+    code, out, _ = run_cli(["train", "--resume", local_run.run, "--max-frames", "7", "--print-config"], capsys)
+    assert code == 0
+    config = json.loads(out)
+    assert config["max_frames"] == 7 and config["eval_episodes"] == 5
+    assert config["logdir"] == str(local_run.run)
+
+
+# --- progress display and metrics ---
+
+
+class _FakeLearner:
+    def __init__(self):
+        from seedq.server.env_table import EpisodeLog
+        from seedq.server.inference import InferenceStats
+
+        self.table = SimpleNamespace(frames=0, num_connected=2)
+        self.episodes = EpisodeLog(window=10)
+        self.episodes.add(np.array([10.0, 20.0]), np.array([10, 20]), 30)
+        self.inference = SimpleNamespace(stats=InferenceStats())
+        self.queue = SimpleNamespace(capacity=256, __len__=lambda: 3)
+        self.train_steps = self.version = 0
+        self.publish_seconds_total, self.publishes = 0.0, 0
+        self.waiting_for_actors = False
+
+    def advance(self):
+        self.table.frames += 5000
+        self.train_steps += 20
+        self.version += 20
+        self.publish_seconds_total += 0.02
+        self.publishes += 20
+        for ms in (1, 2, 3, 40):
+            self.inference.stats.record_latency(ms / 1e3)
+
+    def metrics(self):
+        return {"loss/total": 0.5, "grad_norm": 1.25}
+
+    def take_lag_stats(self):
+        return 1.5, 3
+
+
+class _Queue:
+    capacity = 256
+
+    def __len__(self):
+        return 3
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_display_and_scalars(terminal, tmp_path, capsys):
+    from rich.console import Console
+
+    from seedq.config import TrainConfig
+    from seedq.learner.reporting import RunReporter
+
+    learner = _FakeLearner()
+    learner.queue = _Queue()
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=terminal, width=300)
+    reporter = RunReporter(TrainConfig(logdir=str(tmp_path)), learner, time.monotonic(), console=console)
+    for _ in range(3):
+        learner.advance()
+        reporter.tick()
+    reporter.close_display()
+    reporter.writer.close()
+    stdout = capsys.readouterr().out
+    if terminal:  # one line redrawn in place on the terminal, nothing on plain stdout
+        assert stdout == ""
+        assert "train steps" in screen.getvalue() and "\x1b[" in screen.getvalue()
+    else:  # plain log lines
+        assert stdout.count("train steps") == 3 and "\x1b[" not in stdout
+    scalars = read_scalars(tmp_path)
+    assert scalars["learner/policy_lag_mean"][-1] == (15000, 1.5)
+    assert scalars["inference/latency_ms_p99"][-1][1] == pytest.approx(38.89, abs=0.01)
+    assert scalars["inference/latency_ms_p50"][-1][1] == pytest.approx(2.5)
+    assert scalars["learner/publish_ms"][-1][1] == pytest.approx(1.0)
+    assert scalars["learner/steps_per_second"][-1][1] > 0
+
+
+# --- docs and notebook ---
+
+
+def test_docs_are_generated_from_the_code():
+    from seedq import docs
+
+    assert docs.main(["--check", "--root", str(REPO)]) == 0, "regenerate with: python -m seedq.docs"
+
+
+def test_quickstart_notebook_executes(tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SEEDQ_QUICKSTART_SECONDS", "15")
+    notebook = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the learning curve
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "10 episodes of CartPole-v1" in text
+    (run,) = (tmp_path / "runs").glob("quickstart-*")
+    assert (run / "summary.json").exists() and list((run / "checkpoints").glob("step_*"))

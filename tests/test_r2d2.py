@@ -1,0 +1,412 @@
+"""R2D2: value rescaling and n-step double-Q targets against rlax (test-only
+oracle), the agent's loss against a step-by-step NumPy reference on sequences
+with episode ends, acting, the server's eval-env hook, and a short
+`seedq train --agent r2d2` run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import rlax
+
+from seedq.agents.r2d2 import losses
+from seedq.agents.r2d2.agent import R2D2Agent, exploration_epsilons
+from seedq.config import R2D2Config, TrainConfig
+from seedq.envs import env_spec, make_vector_env
+from seedq.envs.partially_observable import CARTPOLE_NO_VELOCITY
+from seedq.learner.events import read_scalars
+from seedq.server.env_table import EnvTable, EpisodeLog
+from seedq.server.inference import InferenceServer, _Request
+from seedq.server.unrolls import UnrollQueue
+from seedq.wire import codec
+
+EPS = 1e-3
+SPEC = env_spec("CartPole-v1")
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# --- value rescaling ------------------------------------------------------------
+
+
+X = np.concatenate([np.linspace(-500, 500, 2001), [0.0, 1e-6, -1e-6, 0.3, 1e4, -1e4]])
+
+
+def test_value_rescaling_matches_rlax_in_float64():
+    with jax.enable_x64(True):
+        x = jnp.asarray(X, jnp.float64)
+        h = losses.signed_hyperbolic(x, EPS)
+        np.testing.assert_allclose(h, rlax.signed_hyperbolic(x, EPS), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            losses.signed_parabolic(h, EPS), rlax.signed_parabolic(h, EPS), rtol=1e-9, atol=1e-9
+        )
+        np.testing.assert_allclose(losses.signed_parabolic(h, EPS), X, rtol=1e-9, atol=1e-9)
+
+
+def test_value_rescaling_float32_is_accurate_and_inverts():
+    """In float32 both transforms stay within float32 rounding of the exact
+    (float64) values; rlax's inverse loses ~1e-5 relative to cancellation."""
+    x = X.astype(np.float32)
+    h = losses.signed_hyperbolic(jnp.asarray(x), EPS)
+    exact_h = np.sign(X) * (np.sqrt(np.abs(X) + 1) - 1) + EPS * X
+    np.testing.assert_allclose(h, exact_h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(h, rlax.signed_hyperbolic(jnp.asarray(x), EPS), rtol=1e-6, atol=1e-6)
+    back = losses.signed_parabolic(h, EPS)
+    np.testing.assert_allclose(back, X, rtol=2e-6, atol=1e-6)
+    # rlax's float32 inverse is off by up to ~1e-3 (cancellation); ours is not.
+    np.testing.assert_allclose(back, rlax.signed_parabolic(h, EPS), rtol=5e-5, atol=2e-3)
+    # The formula itself, by hand, at a few points.
+    for v in (-3.0, 0.0, 8.0, 99.0):
+        expected = np.sign(v) * (np.sqrt(abs(v) + 1) - 1) + EPS * v
+        assert float(losses.signed_hyperbolic(jnp.float32(v), EPS)) == pytest.approx(expected, abs=1e-6)
+
+
+# --- n-step double Q vs rlax ---------------------------------------------------
+
+
+def _random_q_inputs(T, A, seed):
+    rng = _rng(seed)
+    return dict(
+        q_tm1=rng.normal(size=(T, A)).astype(np.float32) * 3,
+        a_tm1=rng.integers(0, A, T).astype(np.int32),
+        selector_q_t=rng.normal(size=(T, A)).astype(np.float32),
+        target_q_t=rng.normal(size=(T, A)).astype(np.float32) * 5,
+        r_t=rng.normal(size=T).astype(np.float32),
+    )
+
+
+def _ours(inputs, discount_t, stop_t, n):
+    """Our function on one sequence ([T] inputs, batch of 1), in float64."""
+    with jax.enable_x64(True):
+        return _ours64(inputs, discount_t, stop_t, n)
+
+
+def _ours64(inputs, discount_t, stop_t, n):
+    inputs = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in inputs.items()}
+    out = losses.transformed_n_step_double_q(
+        q_tm1=jnp.asarray(inputs["q_tm1"])[:, None],
+        a_tm1=jnp.asarray(inputs["a_tm1"])[:, None],
+        selector_q_t=jnp.asarray(inputs["selector_q_t"])[:, None],
+        target_q_t=jnp.asarray(inputs["target_q_t"])[:, None],
+        r_t=jnp.asarray(inputs["r_t"])[:, None],
+        discount_t=jnp.asarray(discount_t, jnp.float64)[:, None],
+        stop_t=jnp.asarray(stop_t)[:, None],
+        n=n,
+        eps=EPS,
+    )
+    return np.asarray(out.td_error[:, 0])
+
+
+def _rlax(inputs, discount_t, n, sl=slice(None)):
+    """rlax.transformed_n_step_q_learning (double Q: a_t = argmax of the selector), float64."""
+    with jax.enable_x64(True):
+        return _rlax64(inputs, discount_t, n, sl)
+
+
+def _rlax64(inputs, discount_t, n, sl):
+    inputs = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in inputs.items()}
+    a_t = np.argmax(inputs["selector_q_t"], axis=-1).astype(np.int32)
+    return np.asarray(
+        rlax.transformed_n_step_q_learning(
+            jnp.asarray(inputs["q_tm1"][sl]),
+            jnp.asarray(inputs["a_tm1"][sl]),
+            jnp.asarray(inputs["target_q_t"][sl]),
+            jnp.asarray(a_t[sl]),
+            jnp.asarray(inputs["r_t"][sl]),
+            jnp.asarray(np.asarray(discount_t, np.float64)[sl]),
+            n,
+            tx_pair=rlax.SIGNED_HYPERBOLIC_PAIR,
+        )
+    )
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_n_step_double_q_matches_rlax_without_episode_ends(n):
+    T = 12
+    inputs = _random_q_inputs(T, 3, seed=n)
+    discount = np.full(T, 0.97, np.float32)
+    np.testing.assert_allclose(
+        _ours(inputs, discount, np.zeros(T, bool), n), _rlax(inputs, discount, n), rtol=1e-10, atol=1e-10
+    )
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_n_step_double_q_matches_rlax_with_terminations_inside(n):
+    """Terminal x_{s+1}: discount 0 there, which rlax cuts the same way."""
+    T = 16
+    inputs = _random_q_inputs(T, 2, seed=10 + n)
+    discount = np.full(T, 0.99, np.float32)
+    stop = np.zeros(T, bool)
+    for s in (4, 5, 11):  # two back-to-back ends, one later
+        discount[s], stop[s] = 0.0, True
+    np.testing.assert_allclose(_ours(inputs, discount, stop, n), _rlax(inputs, discount, n), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_n_step_double_q_truncation_bootstraps_and_does_not_cross(n):
+    """A time-limit end at x_{k+1}: keep the discount, bootstrap from x_{k+1}, never
+    sum past it. Equals rlax run separately on the two segments (rlax shortens
+    n-step returns at the end of a sequence and bootstraps from its last value)."""
+    T, k = 14, 6
+    inputs = _random_q_inputs(T, 2, seed=20 + n)
+    discount = np.full(T, 0.95, np.float32)
+    stop = np.zeros(T, bool)
+    stop[k] = True  # truncated: discount stays 0.95
+    ours = _ours(inputs, discount, stop, n)
+    expected = np.concatenate(
+        [_rlax(inputs, discount, n, slice(0, k + 1)), _rlax(inputs, discount, n, slice(k + 1, T))]
+    )
+    np.testing.assert_allclose(ours, expected, rtol=1e-10, atol=1e-10)
+    # ... and differs from running across the boundary (the test has teeth).
+    assert not np.allclose(ours[: k + 1], _rlax(inputs, discount, n)[: k + 1], atol=1e-3)
+
+
+def test_sequence_priorities_mix_max_and_mean_over_valid_steps():
+    abs_td = jnp.asarray([[1.0, 0.5], [3.0, 0.25], [9.0, 0.0]])  # [T=3, B=2]
+    mask = jnp.asarray([[1, 1], [1, 1], [0, 1]], jnp.float32)  # 9.0 is masked out
+    p = np.asarray(losses.sequence_priorities(abs_td, mask, eta=0.9))
+    np.testing.assert_allclose(p, [0.9 * 3.0 + 0.1 * 2.0, 0.9 * 0.5 + 0.1 * 0.25], rtol=1e-6)
+
+
+# --- the agent's loss on sequences with episode ends ---------------------------
+
+CFG = dataclasses.replace(
+    R2D2Config(), burn_in=3, trace_length=6, n_step=3, discount=0.9, batch_size=4,
+    lstm_size=8, hidden_sizes=(8,), head_hidden_size=8, value_rescaling_eps=EPS,
+)
+
+
+def _h(x):
+    return np.sign(x) * (np.sqrt(np.abs(x) + 1) - 1) + EPS * x
+
+
+def _h_inv(y):
+    return np.sign(y) * (((np.sqrt(1 + 4 * EPS * (np.abs(y) + 1 + EPS)) - 1) / (2 * EPS)) ** 2 - 1)
+
+
+def _episode_batch(agent, seed=0):
+    """Sequences with terminations, truncations and resets inside, following the
+    next-step autoreset convention (flags arrive with the final observation, the
+    next step is `first` of a new episode)."""
+    L = agent.sequence_spec().length
+    B = CFG.batch_size
+    rng = _rng(seed)
+    fields = agent.replay_fields()
+    batch = {name: np.zeros((B, *f.shape), f.dtype) for name, f in fields.items()}
+    batch["obs"] = rng.normal(size=batch["obs"].shape).astype(np.float32)
+    batch["action"] = rng.integers(0, 2, (B, L)).astype(np.int32)
+    batch["reward"] = rng.uniform(0, 2, (B, L)).astype(np.float32)
+    ends = {0: [(5, "terminated")], 1: [(7, "truncated")], 2: [(4, "terminated"), (9, "truncated")], 3: []}
+    for b, events in ends.items():
+        for t, kind in events:
+            batch[kind][b, t] = True
+            batch["first"][b, t + 1] = True
+            batch["reward"][b, t + 1] = 0.0  # the reset step's reward
+    batch["first"][3, 0] = True
+    batch["core/c"] = rng.normal(size=batch["core/c"].shape).astype(np.float32)
+    batch["core/h"] = rng.normal(size=batch["core/h"].shape).astype(np.float32)
+    batch["weights"] = np.array([1.0, 0.5, 0.25, 0.8], np.float32)
+    batch["indices"] = np.arange(B, dtype=np.int32)
+    return batch
+
+
+def _reference_tds(agent, params, target_params, batch):
+    """Step-by-step NumPy TD errors [B, trace] (nan where masked out)."""
+    tm_obs = np.swapaxes(batch["obs"], 0, 1)
+    tm_first = np.swapaxes(batch["first"], 0, 1)
+    carry = (batch["core/c"], batch["core/h"])
+    q = np.asarray(agent.network.apply(params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
+    qt = np.asarray(agent.network.apply(target_params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
+    B, L = batch["reward"].shape
+    tds = np.full((B, CFG.trace_length), np.nan)
+    for b in range(B):
+        for i, t in enumerate(range(CFG.burn_in, CFG.burn_in + CFG.trace_length)):
+            if batch["terminated"][b, t] or batch["truncated"][b, t]:
+                continue  # x_t is a final observation: the env reset instead
+            ret, scale = 0.0, 1.0
+            for k in range(CFG.n_step):
+                nxt = t + k + 1
+                ret += scale * batch["reward"][b, nxt]
+                if batch["terminated"][b, nxt]:
+                    break
+                scale *= CFG.discount
+                if batch["truncated"][b, nxt] or k == CFG.n_step - 1:
+                    a_star = np.argmax(q[b, nxt])
+                    ret += scale * _h_inv(qt[b, nxt, a_star])
+                    break
+            tds[b, i] = _h(ret) - q[b, t, batch["action"][b, t]]
+    return tds
+
+
+def test_agent_loss_and_priorities_match_stepwise_reference():
+    agent = R2D2Agent(SPEC, CFG, num_envs=8)
+    state = agent.init(jax.random.PRNGKey(0))
+    # A target network different from the online one, so double Q is exercised.
+    target = jax.tree.map(lambda p: p + 0.3 * jnp.sin(7 * p + 1), state.params)
+    batch = _episode_batch(agent)
+    loss, (metrics, priorities) = jax.jit(agent.loss)(state.params, target, batch)
+    tds = _reference_tds(agent, state.params, target, batch)
+    valid = ~np.isnan(tds)
+    assert valid.sum() < valid.size  # some steps are masked out
+    abs_td = np.where(valid, np.abs(tds), 0.0)
+    expected_p = 0.9 * abs_td.max(1) + 0.1 * abs_td.sum(1) / valid.sum(1)
+    np.testing.assert_allclose(priorities, expected_p, rtol=1e-4, atol=1e-5)
+    per_seq = np.where(valid, 0.5 * tds**2, 0.0).sum(1) / CFG.trace_length
+    np.testing.assert_allclose(loss, np.mean(batch["weights"] * per_seq), rtol=1e-4)
+    assert np.isfinite(float(metrics["q/mean"]))
+
+
+def test_burn_in_gets_no_gradient_and_update_moves_target_every_k():
+    cfg = dataclasses.replace(CFG, target_update_period=3)
+    agent = R2D2Agent(SPEC, cfg, num_envs=8)
+    state = agent.init(jax.random.PRNGKey(1))
+    batch = _episode_batch(agent, seed=1)
+    # Changing burn-in observations changes the loss (via the state) ...
+    grads = jax.jit(
+        jax.grad(lambda o: agent.loss(state.params, state.target_params, {**batch, "obs": o})[0])
+    )(jnp.asarray(batch["obs"]))
+    # ... but no gradient reaches the online network through burn-in inputs.
+    assert float(jnp.abs(grads[:, : cfg.burn_in]).max()) == 0.0
+    assert float(jnp.abs(grads[:, cfg.burn_in :]).max()) > 0.0
+    update = jax.jit(agent.update)
+    same = lambda a, b: all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(jnp.all(x == y)), a, b)))
+    initial_target = state.target_params
+    for step in range(1, 7):
+        state, metrics = update(state, batch)
+        assert metrics["priorities"].shape == (cfg.batch_size,)
+        if step % 3 == 0:
+            assert same(state.target_params, state.params)
+        else:
+            assert not same(state.target_params, state.params)
+        if step < 3:
+            assert same(state.target_params, initial_target)
+
+
+def test_lstm_resets_on_first():
+    """Unrolling through a `first` step equals starting fresh from zeros there."""
+    agent = R2D2Agent(SPEC, CFG, num_envs=8)
+    params = agent.init(jax.random.PRNGKey(2)).params
+    rng = _rng(3)
+    obs = rng.normal(size=(10, 2, 4)).astype(np.float32)
+    first = np.zeros((10, 2), bool)
+    first[6] = True
+    carry = (rng.normal(size=(2, 8)).astype(np.float32), rng.normal(size=(2, 8)).astype(np.float32))
+    q, _ = agent.network.apply(params, obs, first, carry)
+    zeros = (np.zeros((2, 8), np.float32),) * 2
+    q_fresh, _ = agent.network.apply(params, obs[6:], first[6:], zeros)
+    np.testing.assert_allclose(q[6:], q_fresh, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(q[:6], agent.network.apply(params, obs[:6], first[:6], zeros)[0])
+
+
+# --- acting ----------------------------------------------------------------------
+
+
+def test_epsilons_follow_apex_spread_and_eval_envs():
+    cfg = dataclasses.replace(R2D2Config(), eval_envs=2, eval_epsilon=0.001)
+    eps = exploration_epsilons(np.arange(10), 10, cfg)
+    np.testing.assert_allclose(eps[:2], 0.001)
+    j = np.arange(8)
+    np.testing.assert_allclose(eps[2:], 0.4 ** (1 + 7 * j / 7), rtol=1e-6)
+    # Slots past the configured count wrap around.
+    np.testing.assert_allclose(exploration_epsilons(np.arange(10, 20), 10, cfg), eps)
+    assert exploration_epsilons(np.arange(64), 64, R2D2Config())[[0, 63]] == pytest.approx([0.4, 0.4**8])
+
+
+def test_act_is_greedy_at_zero_epsilon_and_random_at_one():
+    agent = R2D2Agent(SPEC, CFG, num_envs=8)
+    params = agent.init(jax.random.PRNGKey(4)).params
+    n = 512
+    obs = _rng(5).normal(size=(n, 4)).astype(np.float32)
+    core = agent.initial_core_state(n)
+    first = np.ones(n, bool)
+    act = jax.jit(agent.act)
+    greedy, _, new_core, _ = act(params, jax.random.PRNGKey(0), obs, first, core, {"epsilon": np.zeros(n, np.float32)})
+    q, _ = agent.network.apply(params, obs[None], first[None], agent.network.initial_carry(n))
+    np.testing.assert_array_equal(greedy, np.argmax(q[0], -1))
+    assert set(new_core) == {"c", "h"} and new_core["h"].shape == (n, CFG.lstm_size)
+    random, _, _, _ = act(params, jax.random.PRNGKey(0), obs, first, core, {"epsilon": np.ones(n, np.float32)})
+    assert 0.4 < np.mean(np.asarray(random) != np.asarray(greedy)) < 0.6
+
+
+def test_eval_envs_act_but_are_not_stored():
+    """The server's store_mask hook: steps of eval env slots never reach the queue."""
+    cfg = dataclasses.replace(CFG, eval_envs=2)
+    agent = R2D2Agent(SPEC, cfg, num_envs=4)
+    queue = UnrollQueue(1000)
+    server = InferenceServer(
+        agent, SPEC, EnvTable(EpisodeLog()), queue, max_batch_size=8, batch_timeout_ms=0,
+        rng=jax.random.PRNGKey(0),
+    )
+    server.publish(agent.init(jax.random.PRNGKey(0)).params, 0)
+    entry, _ = server.connect("a", "run", 4)
+    L = agent.sequence_spec().length
+    for t in range(3 * L):
+        obs = np.zeros((4, 4), np.float32)
+        obs[:, 0] = np.arange(4)  # env index marker
+        steps = codec.Steps(np.arange(4, dtype=np.int32), np.zeros(4, np.float32), np.zeros(4, bool),
+                            np.zeros(4, bool), obs)
+        actions, _, unrolls = server._infer([_Request(entry, steps, None)])
+        assert actions.shape == (4,)
+        if unrolls is not None:
+            queue.put(unrolls)
+    assert len(queue) > 0
+    got = queue.get(len(queue), timeout=0)
+    assert set(np.unique(got["obs"][..., 0]).tolist()) == {2.0, 3.0}
+
+
+# --- environment -------------------------------------------------------------------
+
+
+def test_cartpole_no_velocity_hides_velocities():
+    assert env_spec(CARTPOLE_NO_VELOCITY).obs_shape == (2,)
+    full, masked = gym.make("CartPole-v1"), gym.make(CARTPOLE_NO_VELOCITY)
+    o_full, _ = full.reset(seed=3)
+    o_masked, _ = masked.reset(seed=3)
+    for _ in range(5):
+        o_full, *_ = full.step(1)
+        o_masked, *_ = masked.step(1)
+    np.testing.assert_array_equal(o_masked, o_full[[0, 2]])
+    assert masked.spec.max_episode_steps == 500
+    vec = make_vector_env(CARTPOLE_NO_VELOCITY, 3, seed=0)
+    obs, _ = vec.reset(seed=0)
+    assert obs.shape == (3, 2)
+    vec.close()
+
+
+# --- end to end --------------------------------------------------------------------
+
+
+def test_seedq_train_r2d2_short_run(tmp_path):
+    logdir = tmp_path / "r2d2"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "seedq.cli", "train", "--agent", "r2d2", "--env", "CartPole-v1",
+            "--max-frames", "12000", "--target-return", "0", "--eval-episodes", "2",
+            "--num-actors", "1", "--envs-per-actor", "16", "--r2d2.min-replay-size", "32",
+            "--r2d2.replay-capacity", "256", "--logdir", str(logdir), "--log-every-seconds", "0.5",
+            "--quiet",
+        ],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["agent"] == "r2d2" and summary["stop_reason"] == "max_frames"
+    assert summary["frames"] >= 12000
+    assert summary["train_steps"] > 0
+    config = json.loads((logdir / "config.json").read_text())
+    assert config["agent"] == "r2d2" and config["r2d2"]["replay_capacity"] == 256
+    assert summary["eval"]["episodes"] == 2  # greedy end-of-run evaluation works for r2d2
+    scalars = read_scalars(str(logdir))
+    for name in ("replay/size", "replay/ratio", "replay/priority_mean", "td/abs_mean", "loss/total"):
+        assert scalars.get(name), f"no {name} in TensorBoard ({sorted(scalars)})"
+    assert max(v for _, v in scalars["replay/size"]) <= 256
