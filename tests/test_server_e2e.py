@@ -633,3 +633,38 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
         for stream in streams:
             stream.close()
         learner.stop()
+
+
+# --- parameters and compilation in steady state ---------------------------------------
+
+
+def test_actions_use_fresh_parameters_and_steady_state_never_recompiles(healthy, raw):
+    """Every reply names the policy version that chose it: it tracks the learner's
+    version (published after every train step) and grows while training runs.
+    The jitted policy compiles once per padded batch size, never again."""
+    learner, address, _, _ = healthy
+    stream = raw.RawStream(address, timeout=WAIT_SECONDS)
+    versions = []
+    try:
+        stream.handshake("version-probe", uuid.uuid4().hex, 2)
+        obs = np.zeros((2, 4), np.float32)
+        zeros = np.zeros(2)
+        compiles_before = None
+        for i in range(60):
+            learner_version = learner.version
+            stream.send(codec.encode_steps([0, 1], zeros, zeros, zeros, obs))
+            reply = stream.recv()
+            versions.append(reply.actions.policy_version)
+            # Published right after the learner's counter moves: never older than that.
+            assert reply.actions.policy_version >= learner_version - 1
+            assert reply.actions.policy_version <= learner.version
+            if i == 10:
+                compiles_before = learner.inference.stats.compiles
+            time.sleep(0.01)
+    finally:
+        stream.close()
+    assert versions == sorted(versions)
+    assert versions[-1] > versions[0], "training went on, so the policy must have changed"
+    # Both batch sizes in play (the real actor's 4 envs, this client's 2, both
+    # together) pad to buckets compiled during the first steps.
+    assert learner.inference.stats.compiles == compiles_before

@@ -318,7 +318,6 @@ class InferenceServer:
             size = n
         if size not in self._compiled:
             self._compiled.add(size)
-            self.stats.compiles += 1
             log.info("compiling inference for batch size %d", size)
         params, version = self._published
         actions, outputs, new_core, self._rng = self._act(
@@ -347,6 +346,7 @@ class InferenceServer:
             keep = self._store_mask[slots]
             slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
         unrolls = self.store.append(slots, step) if len(slots) else None
+        self.stats.compiles = self._act._cache_size()  # programs compiled so far
         self.stats.batches += 1
         self.stats.env_steps += n
         self.stats.padded_steps += size
