@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import os
@@ -31,9 +32,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
+@functools.lru_cache(maxsize=None)
 def field_comments(cls) -> dict[str, str]:
     """{field name: its comment} for a dataclass: the comment block right above
-    the field plus a comment at the end of its line, joined into one sentence."""
+    the field plus a comment at the end of its line, joined into one sentence.
+    (Cached: the CLI asks for every field of every section.)"""
     lines, _ = inspect.getsourcelines(cls)
     source = textwrap.dedent("".join(lines))
     inline: dict[int, str] = {}

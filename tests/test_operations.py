@@ -100,6 +100,7 @@ def sigkilled_run(tmp_path_factory):
         killed_meta, killed_dir = checkpoint.read_meta(str(run))
         alive_after_kill = [a.poll() is None for a in actors]
         second = seedq("learner", "--resume", run, "--log-every-seconds", "1", timeout=420)
+        (work / "learner-2.log").write_text(second.stdout + second.stderr)
         alive_at_end = [a.poll() is None for a in actors]
     finally:
         for p in (first, *actors):
@@ -144,6 +145,7 @@ def test_sigkilled_learner_resumes_and_reaches_the_target(sigkilled_run):
 # --- acceptance 2: eval of a solved checkpoint, with a video read back ---
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio starts ffmpeg (fork+exec)
 def test_eval_of_the_solved_checkpoint_with_video(sigkilled_run, tmp_path):
     import imageio.v2 as imageio
 
@@ -286,6 +288,7 @@ class _FakeLearner:
         self.train_steps = self.version = 0
         self.publish_seconds_total, self.publishes = 0.0, 0
         self.waiting_for_actors = False
+        self.batches = None
 
     def advance(self):
         self.table.frames += 5000

@@ -225,8 +225,9 @@ def _reference_tds(agent, params, target_params, batch):
     tm_obs = np.swapaxes(batch["obs"], 0, 1)
     tm_first = np.swapaxes(batch["first"], 0, 1)
     carry = (batch["core/c"], batch["core/h"])
-    q = np.asarray(agent.network.apply(params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
-    qt = np.asarray(agent.network.apply(target_params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
+    apply = jax.jit(agent.network.apply)
+    q = np.asarray(apply(params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
+    qt = np.asarray(apply(target_params, tm_obs, tm_first, carry)[0]).swapaxes(0, 1)
     B, L = batch["reward"].shape
     tds = np.full((B, CFG.trace_length), np.nan)
     for b in range(B):

@@ -32,26 +32,82 @@ from seedq.quant import layers as qlayers
 DEFAULT_ATARI_ENV = "ALE/Pong-v5"
 
 
-def collect_atari_frames(n: int, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0) -> np.ndarray:
-    """`n` preprocessed Atari states [n, 84, 84, 4] uint8 (grey, 4-stack) from random play."""
-    import ale_py
-    import gymnasium as gym
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+def _area_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] weights averaging each output cell's input interval (area resampling)."""
+    edges = np.arange(n_out + 1) * (n_in / n_out)
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        lo, hi = edges[o], edges[o + 1]
+        for i in range(int(np.floor(lo)), int(np.ceil(hi))):
+            m[o, i] = min(hi, i + 1) - max(lo, i)
+    return m / (n_in / n_out)
 
-    gym.register_envs(ale_py)
-    env = gym.make(env_id, frameskip=1)
-    env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
-    env = FrameStackObservation(env, 4)
-    rng = np.random.default_rng(seed)
-    obs, _ = env.reset(seed=seed)
-    frames = []
-    while len(frames) < n:
-        obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
-        frames.append(np.moveaxis(np.asarray(obs), 0, -1))  # [4, 84, 84] -> [84, 84, 4]
-        if terminated or truncated:
-            obs, _ = env.reset()
+
+class AtariFrames:
+    """DQN-style preprocessing without OpenCV: 4-frame action repeat, max over the
+    last two raw frames, grey, area-resized to 84x84, last 4 results stacked
+    channels-last -> [84, 84, 4] uint8."""
+
+    def __init__(self, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0, frame_skip: int = 4,
+                 size: int = 84, stack: int = 4, noop_max: int = 30):
+        import ale_py
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)
+        self.env = gym.make(env_id, obs_type="grayscale", frameskip=1)
+        self.frame_skip, self.stack, self.noop_max = frame_skip, stack, noop_max
+        h, w = self.env.observation_space.shape
+        self._rows, self._cols = _area_matrix(h, size), _area_matrix(w, size).T
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.num_actions = int(self.env.action_space.n)
+        self._frames: list[np.ndarray] = []
+
+    def _process(self, raw: np.ndarray) -> np.ndarray:
+        small = self._rows @ raw.astype(np.float64) @ self._cols
+        return np.clip(np.rint(small), 0, 255).astype(np.uint8)
+
+    def reset(self) -> np.ndarray:
+        raw, _ = self.env.reset(seed=int(self.rng.integers(2**31)))
+        for _ in range(int(self.rng.integers(self.noop_max + 1))):
+            raw, _, terminated, truncated, _ = self.env.step(0)
+            if terminated or truncated:
+                raw, _ = self.env.reset()
+        self._frames = [self._process(raw)] * self.stack
+        return self.observation()
+
+    def observation(self) -> np.ndarray:
+        return np.stack(self._frames[-self.stack:], axis=-1)
+
+    def step(self, action: int) -> tuple[np.ndarray, bool]:
+        """Returns (stacked observation, episode over)."""
+        last = []
+        done = False
+        for _ in range(self.frame_skip):
+            raw, _, terminated, truncated, _ = self.env.step(action)
+            last = (last + [raw])[-2:]
+            if terminated or truncated:
+                done = True
+                break
+        self._frames = (self._frames + [self._process(np.maximum.reduce(last))])[-self.stack:]
+        return self.observation(), done
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def collect_atari_frames(n: int, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0) -> np.ndarray:
+    """`n` preprocessed Atari states [n, 84, 84, 4] uint8 from uniformly random play."""
+    env = AtariFrames(env_id, seed)
+    obs = env.reset()
+    states = []
+    while len(states) < n:
+        obs, done = env.step(int(env.rng.integers(env.num_actions)))
+        states.append(obs)
+        if done:
+            obs = env.reset()
     env.close()
-    return np.stack(frames).astype(np.uint8)
+    return np.stack(states)
 
 
 def make_net(name: str, num_actions: int, mlp_hidden=(256, 256, 256)):

@@ -99,16 +99,21 @@ class CheckpointWriter:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, snapshot: Snapshot, *, wait: bool = False) -> str:
+    def save(self, snapshot: Snapshot, *, wait: bool = False, replace: bool = False) -> str:
         """Writes `snapshot` (host arrays) as step `train_steps`; returns its directory.
 
         Returns at once (the files are written in the background) unless
-        `wait`; a step that is already saved is not written again.
+        `wait`. A step that is already saved is kept as it is, unless
+        `replace` (the final checkpoint: same parameters, newer counters).
         """
         import orbax.checkpoint as ocp
 
         step = snapshot.step
-        if step not in self._manager.all_steps():
+        exists = step in self._manager.all_steps()
+        if exists and replace:
+            self._manager.wait_until_finished()
+            self._manager.delete(step)
+        if not exists or replace:
             self._manager.save(
                 step,
                 args=ocp.args.Composite(

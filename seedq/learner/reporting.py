@@ -148,12 +148,17 @@ class RunReporter:
             config=config_lib.to_dict(self.config),
         )
 
-    def checkpoint(self, *, wait: bool = False) -> str:
-        """Saves a checkpoint now (in the background unless `wait`); returns its directory."""
+    def checkpoint(self, *, final: bool = False) -> str:
+        """Saves a checkpoint now; returns its directory. Periodic ones are
+        written in the background; the `final` one is complete on return and
+        replaces a periodic one of the same train step (newer counters)."""
         if self._checkpoints is None:
             self._checkpoints = checkpoint.CheckpointWriter(self.config.logdir, self.config.checkpoints_to_keep)
         snapshot = self.snapshot()
-        self.last_checkpoint = self._checkpoints.save(snapshot, wait=wait)
+        # Scalars logged so far survive a crash too: a resumed run continues
+        # its curves from the checkpoint's frame count.
+        self.writer.flush()
+        self.last_checkpoint = self._checkpoints.save(snapshot, wait=final, replace=final)
         self._last_checkpoint_step = snapshot.step
         self._next_checkpoint_time = time.monotonic() + (self.config.checkpoint_every_seconds or float("inf"))
         return self.last_checkpoint
@@ -277,7 +282,7 @@ class RunReporter:
             self._eval_thread.join()
         wall = self.elapsed()
         episodes, mean_return, _, _ = learner.episodes.snapshot()
-        ckpt_dir = self.checkpoint(wait=True)
+        ckpt_dir = self.checkpoint(final=True)
         self._checkpoints.close()
         evaluation = None
         if self.config.eval_episodes:

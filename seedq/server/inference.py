@@ -25,7 +25,7 @@ import numpy as np
 
 from seedq.agents.base import StepFieldSpec
 from seedq.server.env_table import ActorEntry, EnvTable
-from seedq.server.unrolls import UnrollQueue, UnrollStore
+from seedq.server.unrolls import QueueClosed, UnrollQueue, UnrollStore
 from seedq.wire.codec import EnvSpec, Steps
 
 log = logging.getLogger("seedq.server")
@@ -286,10 +286,19 @@ class InferenceServer:
                     request.future.set_exception(e)
             return
         self.stats.record_latency(time.perf_counter() - started)
-        if unrolls is not None and not self.queue.try_put(unrolls):
-            waited = time.perf_counter()
-            await asyncio.get_running_loop().run_in_executor(None, self.queue.put, unrolls)
-            self.stats.backpressure_seconds += time.perf_counter() - waited
+        try:
+            if unrolls is not None and not self.queue.try_put(unrolls):
+                waited = time.perf_counter()
+                await asyncio.get_running_loop().run_in_executor(None, self.queue.put, unrolls)
+                self.stats.backpressure_seconds += time.perf_counter() - waited
+        except QueueClosed:
+            # The learner is stopping while actors are still connected (`seedq
+            # learner` with remote actors): end their streams with UNAVAILABLE
+            # instead of leaving them to be cancelled mid-request.
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(ServerClosing())
+            return
         offset = 0
         for request in batch:
             n = len(request.steps)
