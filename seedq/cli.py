@@ -69,7 +69,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except where the help text already states one."""
 
     def _get_help_string(self, action):
-        if action.default is None or "default:" in (action.help or ""):
+        if action.default is None or action.default is False or "default:" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -273,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--seed", type=int, default=0)
     inf.add_argument("--profile", action="store_true", help="add per-layer timings (fp32 vs int8 per layer)")
     inf.add_argument("--profile-batch", type=_csv(int), default="64")
+    inf.add_argument(
+        "--policy-run", default="",
+        help="also report bf16/int8 greedy-action agreement for the trained V-trace policy in this "
+             "run directory (states from rolling it out); with --net '' only that",
+    )
     inf.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -294,7 +299,13 @@ def _bench_inference(args) -> int:
     jax_setup.configure()
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        result = inference.run(
+        result = {}
+        if args.policy_run:
+            result["trained_policy"] = inference.trained_policy_agreement(args.policy_run, seed=args.seed)
+            if not args.net:
+                print(json.dumps(result, indent=None if args.json else 2))
+                return 0
+        result.update(inference.run(
             nets=args.net,
             precisions=args.precision,
             batches=args.batch,
@@ -309,7 +320,7 @@ def _bench_inference(args) -> int:
             profile=args.profile,
             profile_batches=args.profile_batch,
             log=log,
-        )
+        ))
     except ValueError as e:
         print(f"seedq bench inference: {e}", file=sys.stderr)
         return 2

@@ -68,41 +68,52 @@ class R2D2Config:
 
     Sequences are burn_in + trace_length + n_step steps long and overlap by
     burn_in + n_step, so every step is in exactly one sequence's loss region.
+    Defaults solve CartPole-v1 on the 2-core development machine in about a
+    minute (docs/benchmarks.md, "R2D2 (issue 5)").
     """
 
+    # Steps that only warm up the LSTM state (no loss, no gradient) before the loss region.
     burn_in: int = 10
+    # Steps per sequence trained on (the loss region).
     trace_length: int = 20
+    # Steps summed before bootstrapping (n-step double Q-learning).
     n_step: int = 5
     discount: float = 0.99
     batch_size: int = 32  # sequences per train step
     learning_rate: float = 1e-3
     adam_eps: float = 1e-8
+    # Gradients are clipped to this global norm.
     max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
     target_update_period: int = 200
-    # Network: MLP torso -> LSTM (or, with use_lstm false, a dense layer of
-    # the same width) -> dueling head.
+    # Sizes of the MLP torso's layers (before the LSTM).
     hidden_sizes: tuple[int, ...] = (64,)
     lstm_size: int = 64
+    # Width of the dueling head's value and advantage layers.
     head_hidden_size: int = 64
+    # false replaces the LSTM by a dense layer of the same width (feed-forward control).
     use_lstm: bool = True
-    # h(x) = sign(x)(sqrt(|x|+1)-1) + eps x; its epsilon.
+    # Epsilon of the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + eps x.
     value_rescaling_eps: float = 1e-3
-    # Replay (in sequences): FIFO beyond capacity; training starts at min size.
+    # Replay capacity in sequences; the oldest are evicted beyond it (FIFO).
     replay_capacity: int = 4000
+    # Training starts once replay holds this many sequences.
     min_replay_size: int = 200
+    # Sampling probability is proportional to priority ** priority_exponent.
     priority_exponent: float = 0.9
+    # Importance weights (N P(i)) ** -importance_exponent, divided by the batch max.
     importance_exponent: float = 0.6
     # Sequence priority = eta * max|td| + (1 - eta) * mean|td|.
     priority_eta: float = 0.9
-    # Average number of times each sequence is sampled (0: no control).
+    # Average number of times each sequence is sampled (0: no control; the
+    # learner samples as fast as it can and every sequence is inserted).
     replay_ratio: float = 4.0
-    # Per-env exploration: epsilon_i = base^(1 + alpha * i / (N - 1)) over the
-    # N = num_actors * envs_per_actor - eval_envs training envs.
+    # Per-env exploration epsilon_i = base ** (1 + alpha * i / (N - 1)) over the
+    # N = num_actors * envs_per_actor - eval_envs training envs (Ape-X / R2D2).
     epsilon_base: float = 0.4
     epsilon_alpha: float = 7.0
     # The first `eval_envs` env slots act with `eval_epsilon` and their steps
-    # are not stored in replay.
+    # are not stored in replay (their episodes still count in the returns).
     eval_envs: int = 0
     eval_epsilon: float = 0.001
 

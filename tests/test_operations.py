@@ -161,35 +161,59 @@ def test_eval_of_the_solved_checkpoint_with_video(sigkilled_run, tmp_path):
     assert frames[0].shape == (400, 600, 3) and frames[-1].std() > 0  # rendered, not blank
 
 
-# --- local mode: `seedq train --resume`, and eval reproducing the run's own numbers ---
+# --- local mode: SIGKILL `seedq train`, then `seedq train --resume` ---
 
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("local") / "run"
-    common = ("--target-return", 0, "--log-every-seconds", 0.5, "--checkpoint-every-seconds", 1,
-              "--eval-episodes", 5)
-    first = seedq("train", "--max-frames", 20000, "--logdir", run, *common)
-    assert first.returncode == 0, first.stdout + first.stderr
-    first_summary = json.loads((run / "summary.json").read_text())
-    second = seedq("train", "--resume", run, "--max-frames", 40000)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "seedq.cli", "train", "--logdir", str(run), "--max-frames", "2000000",
+         "--target-return", "0", "--checkpoint-every-seconds", "1", "--eval-episodes", "5",
+         "--log-every-seconds", "0.5"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        wait_for(lambda: newest_step(run) >= 60, 120, "a checkpoint after 60 train steps")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+
+        def group_gone():  # its local actors exit with it
+            try:
+                os.killpg(first.pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(group_gone, 20, "the killed learner's local actors to exit")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    killed_meta, killed_dir = checkpoint.read_meta(str(run))
+    max_frames = killed_meta["counters"]["frames"] + 20000
+    second = seedq("train", "--resume", run, "--max-frames", max_frames)
     assert second.returncode == 0, second.stdout + second.stderr
-    return SimpleNamespace(run=run, first=first_summary, second=second,
+    return SimpleNamespace(run=run, killed=killed_meta["counters"], killed_dir=killed_dir,
+                           max_frames=max_frames, second=second,
                            summary=json.loads((run / "summary.json").read_text()))
 
 
 def test_train_resume_continues_the_local_run(local_run):
-    first, summary = local_run.first, local_run.summary
-    assert "resuming from" in local_run.second.stdout
-    assert summary["segments"] == 2 and summary["resumed_from"] == first["checkpoint"]
-    assert summary["frames"] >= 40000 > first["frames"]
-    for key in ("train_steps", "episodes", "policy_version", "wall_seconds"):
-        assert summary[key] > first[key], key
+    killed, summary = local_run.killed, local_run.summary
+    assert f"resuming from {local_run.killed_dir}" in local_run.second.stdout
+    assert summary["segments"] == 2 and summary["resumed_from"] == local_run.killed_dir
+    assert summary["stop_reason"] == "max_frames" and summary["frames"] >= local_run.max_frames
+    for key in ("train_steps", "frames", "episodes", "policy_version"):
+        assert summary[key] > killed[key] > 0, key
+    assert summary["wall_seconds"] > killed["elapsed_seconds"]
     config = json.loads((local_run.run / "config.json").read_text())
-    assert config["max_frames"] == 40000 and config["eval_episodes"] == 5  # override + saved config
+    assert config["max_frames"] == local_run.max_frames and config["eval_episodes"] == 5
     assert len(list(local_run.run.glob("events.out.tfevents*"))) == 2
     scalars = assert_monotone_counters(local_run.run)
     assert NEW_SCALARS <= set(scalars), NEW_SCALARS - set(scalars)
+    frames = [s for s, _ in scalars["episode/return_mean"]]
+    assert min(frames) < killed["frames"] < max(frames)  # the curve continues across the restart
     assert all(v >= 0 for _, v in scalars["learner/policy_lag_mean"])
 
 

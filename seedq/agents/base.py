@@ -53,6 +53,16 @@ class BatchSource(Protocol):
 
 
 class Agent(Protocol):
+    """Optional hooks the server and learner look for with getattr:
+
+    * `store_mask(slots) -> bool [n]`: False for env slots whose steps are not
+      recorded into sequences at all (R2D2's evaluation envs); default: all.
+    * `greedy_actions(outputs)`: the greedy policy from `act`'s outputs
+      (evaluation).
+    * on the batch source: `example_batch()` (compiles the update before data
+      arrives) and `stats()` (extra TensorBoard scalars, e.g. replay size).
+    """
+
     def init(self, rng) -> Any:
         """Learner state (parameters, optimiser state, counters)."""
 

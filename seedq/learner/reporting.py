@@ -37,7 +37,12 @@ class RunReporter:
         self.started = started  # time.monotonic() at command start
         self.quiet = quiet
         counters = resumed.counters if resumed is not None else {}
-        target = resumed.target if resumed is not None else {}
+        # When the target was reached, and still is the target (not overridden on resume).
+        target = (
+            resumed.target
+            if resumed is not None and resumed.config.get("target_return") == config.target_return
+            else {}
+        )
         self.prior_seconds = float(counters.get("elapsed_seconds", 0.0))
         self.segment = int(counters.get("segments", 0)) + 1
         self.resumed_from = resumed_from
@@ -55,6 +60,7 @@ class RunReporter:
         self._last_checkpoint_step = learner.train_steps if resumed is not None else None
         self._next_checkpoint_time = time.monotonic() + (config.checkpoint_every_seconds or float("inf"))
         self._eval_thread: threading.Thread | None = None
+        self._eval_policy = None
         self._next_eval_time = time.monotonic() + (config.eval_every_seconds or float("inf"))
         self._live = None
         if not quiet:
@@ -73,7 +79,7 @@ class RunReporter:
 
     def stop_reason(self) -> str | None:
         cfg = self.config
-        if self.frames_to_target is not None:
+        if cfg.target_return and self.frames_to_target is not None:
             return "target_return"
         if cfg.max_seconds and self.elapsed() >= cfg.max_seconds:
             return "max_seconds"
@@ -170,9 +176,11 @@ class RunReporter:
         from seedq.evaluate import Policy, evaluate
 
         learner = self.learner
-        state = learner.snapshot()[0]
-        policy = Policy(learner.agent, learner.agent.inference_params(state), greedy=True)
-        return evaluate(policy, self.config.env, self.config.eval_episodes, self.config.eval_seed)
+        params = learner.agent.inference_params(learner.snapshot()[0])
+        if self._eval_policy is None:  # one policy object: its jitted step compiles once
+            self._eval_policy = Policy(learner.agent, params, greedy=True)
+        self._eval_policy.params = params
+        return evaluate(self._eval_policy, self.config.env, self.config.eval_episodes, self.config.eval_seed)
 
     def _write_eval(self, d: dict, step: int) -> None:
         for key in ("mean", "std", "min", "max"):
@@ -333,4 +341,11 @@ class RunReporter:
                 f"run directory {self.config.logdir}",
                 flush=True,
             )
+            if evaluation is not None:
+                print(
+                    f"eval: {evaluation['episodes']} {evaluation['policy']} episodes (seed "
+                    f"{evaluation['seed']}): mean return {evaluation['mean']:.1f}, std "
+                    f"{evaluation['std']:.1f}, min {evaluation['min']:g}, max {evaluation['max']:g}",
+                    flush=True,
+                )
         return summary
