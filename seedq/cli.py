@@ -259,20 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inf.add_argument("--net", type=_csv(str), default="mlp,nature_cnn,impala_cnn",
                      help="networks: mlp, nature_cnn, impala_cnn")
-    inf.add_argument("--precision", type=_csv(str), default="fp32,bf16,int8")
-    inf.add_argument("--batch", type=_csv(int), default="1,16,64,256")
+    inf.add_argument("--precision", type=_csv(str), default="fp32,bf16,int8",
+                     help="inference precisions timed side by side (fp32 is always included: the reference)")
+    inf.add_argument("--batch", type=_csv(int), default="1,16,64,256", help="batch sizes (states per call)")
     inf.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per case")
     inf.add_argument("--seconds-per-case", type=float, default=1.5,
                      help="timing budget per (net, batch), shared by the precisions")
     inf.add_argument("--frames", choices=("atari", "random"), default="atari",
                      help="CNN inputs: real Atari frames (ALE Pong, random play) or uniform noise")
     inf.add_argument("--eval-states", type=int, default=512, help="states for the error metrics")
-    inf.add_argument("--mlp-hidden", type=_csv(int), default="256,256,256")
-    inf.add_argument("--mlp-input", type=int, default=64)
-    inf.add_argument("--num-actions", type=int, default=6)
-    inf.add_argument("--seed", type=int, default=0)
+    inf.add_argument("--mlp-hidden", type=_csv(int), default="256,256,256", help="hidden sizes of the mlp net")
+    inf.add_argument("--mlp-input", type=int, default=64, help="observation size of the mlp net")
+    inf.add_argument("--num-actions", type=int, default=6, help="policy head size")
+    inf.add_argument("--seed", type=int, default=0, help="parameter initialisation and data seed")
     inf.add_argument("--profile", action="store_true", help="add per-layer timings (fp32 vs int8 per layer)")
-    inf.add_argument("--profile-batch", type=_csv(int), default="64")
+    inf.add_argument("--profile-batch", type=_csv(int), default="64", help="batch sizes of the per-layer profile")
     inf.add_argument(
         "--policy-run", default="",
         help="also report bf16/int8 greedy-action agreement for the trained V-trace policy in this "
