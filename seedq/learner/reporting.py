@@ -26,6 +26,12 @@ from seedq.config import TrainConfig
 from seedq.learner import checkpoint
 
 
+def _source_stats(learner) -> dict:
+    """Scalars the learner's batch source reports (replay size, priorities, ...), if any."""
+    stats = getattr(getattr(learner, "batches", None), "stats", None)
+    return stats() if stats is not None else {}
+
+
 class RunReporter:
     def __init__(
         self, config: TrainConfig, learner, started: float, *, quiet: bool = False,
@@ -245,7 +251,7 @@ class RunReporter:
             "time/elapsed_seconds": self.elapsed(),
             **metrics,
             # Batch sources may report their own statistics (replay size, priorities, ...).
-            **(learner.batches.stats() if hasattr(learner.batches, "stats") else {}),
+            **_source_stats(learner),
         }
         for name, value in scalars.items():
             if value is not None:
