@@ -19,7 +19,7 @@ import rlax
 
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.agent import R2D2Agent, exploration_epsilons
-from seedq.config import R2D2Config, TrainConfig
+from seedq.config import R2D2Config
 from seedq.envs import env_spec, make_vector_env
 from seedq.envs.partially_observable import CARTPOLE_NO_VELOCITY
 from seedq.learner.events import read_scalars

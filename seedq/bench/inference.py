@@ -377,7 +377,8 @@ def run(
         "results": results,
         "accuracy": accuracy_rows,
         "conv_choices": [
-            {"x_shape": list(k[1]), "x_dtype": k[2], "kernel": list(k[3]), "strides": list(k[4]),
+            {"x_shape": list(k[1]), "input": k[2], "pads": [list(p) for p in k[3]], "kernel": list(k[4]),
+             "strides": list(k[5]),
              "impl": c.impl, "reason": c.reason,
              "ms": {i: (None if s is None else s * 1e3) for i, s in c.seconds.items()}}
             for k, c in qlayers.conv_choices().items()

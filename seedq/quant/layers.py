@@ -35,9 +35,11 @@ Convolutions have three int8 implementations, all exact (bit-identical int32):
     kernel is rearranged to match) followed by the native convolution, which
     turns small-channel layers into shapes the fast library path takes.
 With the default conv policy "auto" the first trace of each layer shape
-(input shape/dtype, kernel shape, strides; so per batch size) times them on
-random int8 data (interleaved rounds, best round wins; a candidate 2x slower
-than the best on a first call is dropped early) and keeps the fastest;
+(input shape, float or uint8 input, padding, kernel shape, strides; so per
+batch size) times the whole int8 layer (quantize, pad, convolution,
+rescale) with each on random data (interleaved rounds, best round wins; a
+candidate 2x slower than the best on a first call is dropped early) and
+keeps the fastest;
 `conv_choices()` lists the decisions and timings. A candidate that fails to
 compile is skipped; if timing itself fails, "patches" is used.
 `SEEDQ_INT8_CONV=auto|patches|native|s2d` or the `conv_impl` argument of
@@ -251,18 +253,27 @@ def conv_int8(module: nn.Module, x: jax.Array, params: dict, pixels=None,
     n = int(np.prod(batch_shape)) if batch_shape else 1
     if pixels is not None:
         raw, scale = pixels
-        qx = raw.reshape((n,) + raw.shape[-3:])
-        sx = jnp.full((n,), scale, jnp.float32)
+        x = raw.reshape((n,) + raw.shape[-3:])
     else:
-        qx, sx = qz.quantize_rows(x.reshape((n,) + x.shape[-3:]))
-    pads = _explicit_padding(module, qx.shape[1:3], strides)
-    qx = jnp.pad(qx, ((0, 0), *pads, (0, 0)))
-    impl = choose_conv_impl(qx.shape, qx.dtype, qw.shape, strides, policy)
-    acc = CONV_FUNCTIONS[impl](qx, qw, strides)
-    y = acc.astype(jnp.float32) * (sx[:, None, None, None] * sw)
+        x, scale = x.reshape((n,) + x.shape[-3:]), None
+    pads = tuple(tuple(p) for p in _explicit_padding(module, x.shape[1:3], strides))
+    impl = choose_conv_impl(x.shape, x.dtype, pads, qw.shape, strides, policy)
+    y = _conv_layer(impl, x, scale, qw, sw, pads, strides)
     if "bias" in params:
         y = y + params["bias"]
     return y.reshape(batch_shape + y.shape[1:])
+
+
+def _conv_layer(impl: str, x, pixel_scale, qw, sw, pads, strides) -> jax.Array:
+    """Everything of an int8 conv layer but the bias: quantize (unless integer
+    pixels with `pixel_scale`), pad, integer convolution `impl`, rescale."""
+    if pixel_scale is not None:
+        qx, sx = x, jnp.full((x.shape[0],), pixel_scale, jnp.float32)
+    else:
+        qx, sx = qz.quantize_rows(x)
+    qx = jnp.pad(qx, ((0, 0), *pads, (0, 0)))
+    acc = CONV_FUNCTIONS[impl](qx, qw, strides)
+    return acc.astype(jnp.float32) * (sx[:, None, None, None] * sw)
 
 
 def conv_patches(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.Array:
@@ -379,26 +390,32 @@ _CHOICES_LOCK = threading.Lock()
 
 
 def conv_choices() -> dict[tuple, ConvChoice]:
-    """Decisions made so far: (platform, x shape, x dtype, kernel shape, strides) -> choice."""
+    """Decisions so far: (platform, input shape, "float" | "uint8", pads, kernel shape, strides) -> choice."""
     with _CHOICES_LOCK:
         return dict(_CHOICES)
 
 
-def choose_conv_impl(x_shape, x_dtype, w_shape, strides, policy: str = "auto") -> str:
+def choose_conv_impl(x_shape, x_dtype, pads, w_shape, strides, policy: str = "auto") -> str:
+    """The implementation for a conv layer fed x [N, H, W, C] (float, or uint8 pixels)."""
     if policy in CONV_IMPLS:
         return policy
-    key = (jax.default_backend(), tuple(x_shape), str(np.dtype(x_dtype)), tuple(w_shape), tuple(strides))
+    x_dtype = np.dtype(x_dtype)
+    kind = "uint8" if x_dtype == np.uint8 else "float"
+    key = (jax.default_backend(), tuple(x_shape), kind, tuple(map(tuple, pads)), tuple(w_shape),
+           tuple(strides))
     with _CHOICES_LOCK:
         hit = _CHOICES.get(key)
     if hit is None:
-        hit = _calibrate(x_shape, np.dtype(x_dtype), w_shape, tuple(strides))
+        hit = _calibrate(*key[1:])
         with _CHOICES_LOCK:
             hit = _CHOICES.setdefault(key, hit)
     return hit.impl
 
 
-def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.4) -> ConvChoice:
-    """Times every implementation on random data of these shapes.
+def _calibrate(x_shape, kind, pads, w_shape, strides, budget_s: float = 0.4) -> ConvChoice:
+    """Times the whole int8 layer (quantize, pad, convolution, rescale) with each
+    implementation on random data of these shapes, as it runs in the network
+    (XLA fuses the input quantization into the patch building, for example).
 
     One timed call each first; candidates more than 2x slower than the best
     are dropped (XLA's integer convolution can be 10-100x slower for some
@@ -407,19 +424,21 @@ def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.4) -> Con
     try:
         with jax.ensure_compile_time_eval():
             rng = np.random.default_rng(0)
-            info = np.iinfo(x_dtype)
-            qx = jnp.asarray(rng.integers(max(info.min, -127), min(info.max, 127) + 1, x_shape, x_dtype))
+            if kind == "uint8":
+                x = jnp.asarray(rng.integers(0, 256, x_shape, np.uint8))
+                pixel_scale = 1.0 / 255.0
+            else:  # post-ReLU-like activations
+                x = jnp.asarray(np.abs(rng.standard_normal(x_shape)).astype(np.float32))
+                pixel_scale = None
             qw = jnp.asarray(rng.integers(-127, 128, w_shape, np.int8))
-            scale = jnp.ones((w_shape[-1],), jnp.float32)
+            sw = jnp.full((w_shape[-1],), 1e-3, jnp.float32)
             fns, seconds = {}, {}
-            for impl, fn in CONV_FUNCTIONS.items():
+            for impl in CONV_FUNCTIONS:
                 try:
-                    # With the rescale the layer ends with, so output layout
-                    # changes fuse into it as they do in the network.
-                    f = jax.jit(lambda x, w, s, fn=fn: fn(x, w, strides).astype(jnp.float32) * s)
-                    jax.block_until_ready(f(qx, qw, scale))  # compile
+                    f = jax.jit(lambda x, w, s, impl=impl: _conv_layer(impl, x, pixel_scale, w, s, pads, strides))
+                    jax.block_until_ready(f(x, qw, sw))  # compile
                     started = time.perf_counter()
-                    jax.block_until_ready(f(qx, qw, scale))
+                    jax.block_until_ready(f(x, qw, sw))
                     seconds[impl] = time.perf_counter() - started
                     fns[impl] = f
                 except Exception:  # e.g. no integer convolution on this backend
@@ -429,7 +448,7 @@ def _calibrate(x_shape, x_dtype, w_shape, strides, budget_s: float = 0.4) -> Con
             fastest = min(seconds[i] for i in fns)
             fns = {i: f for i, f in fns.items() if seconds[i] <= 2 * fastest}
             if len(fns) > 1:
-                seconds.update(time_interleaved(fns, (qx, qw, scale), budget_s, rounds=7))
+                seconds.update(time_interleaved(fns, (x, qw, sw), budget_s, rounds=7))
             best = min(fns, key=lambda i: seconds[i])
             return ConvChoice(best, seconds, "measured")
     except Exception as e:  # timing must never break inference
@@ -552,7 +571,6 @@ def auto_conv_impl(layer: LayerInfo, batch: int, kernel_shape) -> str:
     mod = layer.module
     strides = tuple(int(s) for s in np.broadcast_to(mod.strides or 1, (2,)))
     h, w, c = layer.input.shape[-3:]
-    (pt, pb), (pl, pr) = _explicit_padding(mod, (h, w), strides)
-    dtype = np.uint8 if layer.pixels else np.int8
-    return choose_conv_impl((batch, h + pt + pb, w + pl + pr, c), dtype, tuple(kernel_shape), strides, "auto")
-
+    pads = tuple(tuple(p) for p in _explicit_padding(mod, (h, w), strides))
+    dtype = np.uint8 if layer.pixels else np.float32
+    return choose_conv_impl((batch, h, w, c), dtype, pads, tuple(kernel_shape), strides, "auto")
