@@ -170,12 +170,23 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     assert set(int8_layers) == set(fp32_layers)
     for path, layer in int8_layers.items():
         kernel = fp32_layers[path]["kernel"]
-        assert set(layer) == {qz.QKERNEL, qz.QSCALE, "bias"}, path
+        equalized = net.paths[path]["equalize"]
+        assert equalized == (path != ("torso", "Conv_0") or name == "mlp")  # pixels: exact ints
+        assert set(layer) == {qz.QKERNEL, qz.QSCALE, "bias"} | ({qz.QINPUT} if equalized else set())
         assert layer[qz.QKERNEL].dtype == jnp.int8 and layer[qz.QKERNEL].shape == kernel.shape
         assert layer[qz.QSCALE].dtype == jnp.float32 and layer[qz.QSCALE].shape == kernel.shape[-1:]
         assert layer["bias"].dtype == jnp.float32 and layer["bias"].shape == kernel.shape[-1:]
         assert np.all(np.asarray(layer[qz.QSCALE]) > 0)
         np.testing.assert_array_equal(layer["bias"], fp32_layers[path]["bias"])
+        if equalized:
+            g = np.asarray(layer[qz.QINPUT])
+            assert g.dtype == np.float32 and g.shape == kernel.shape[-2:-1] and np.all(g > 0)
+            # Equalization is exact before rounding: q * scale / g ~= kernel.
+            deq = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
+            deq = deq * g.reshape((-1, 1))
+            step = np.asarray(layer[qz.QSCALE])[None, :] * g.reshape((-1, 1))
+            err = np.abs(deq - np.asarray(kernel)).reshape((-1,) + step.shape)
+            assert np.all(err <= step * (0.5 + 1e-4))
 
 
 def test_publish_rejects_unknown_precision():
@@ -259,7 +270,8 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
     params = jax.jit(conv.init)(jax.random.PRNGKey(0), x)
     published = jax.jit(lambda p: quant.publish(p, "int8"))(params)
     layer = published["params"]
-    qx, sx = quant.quantize_rows(x)
+    g = np.asarray(layer[qz.QINPUT])  # input equalization
+    qx, sx = quant.quantize_rows(x * g)
     deq_x = np.asarray(qx, np.float32) * np.asarray(sx)[:, None, None, None]
     deq_w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
     ref = lax.conv_general_dilated(deq_x, deq_w, (1, 1), "SAME",
@@ -280,8 +292,11 @@ def test_uint8_pixels_are_used_exactly():
     net = PixelConv()
     obs = RNG.integers(0, 256, (2, 12, 12, 4), dtype=np.uint8)
     params = jax.jit(net.init)(jax.random.PRNGKey(0), obs)
-    published = jax.jit(lambda p: quant.publish(p, "int8"))(params)
+    plan = quant.quantizable_paths(quant.find_layers(net, obs))
+    assert plan == {("Conv_0",): {"equalize": False}}  # fed pixels: no equalization
+    published = jax.jit(lambda p: quant.publish(p, "int8", plan))(params)
     layer = published["params"]["Conv_0"]
+    assert qz.QINPUT not in layer
     w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]), np.float64)
     x = obs.astype(np.float64) / 255.0
     ref = np.zeros((2, 5, 5, 8))
@@ -292,7 +307,6 @@ def test_uint8_pixels_are_used_exactly():
     for impl in qlayers.CONV_IMPLS:
         out = np.asarray(jax.jit(lambda p, v: quant.apply(net, p, "int8", v, conv_impl=impl))(published, obs))
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=impl)
-    assert quant.find_layers(net, obs)[0].pixels
 
 
 def test_auto_policy_times_the_implementations_and_caches_the_choice():

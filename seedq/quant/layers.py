@@ -8,8 +8,9 @@ training uses, inside `flax.linen.intercept_methods`. Every `nn.Dense` and
     bf16 parameters from `quantize.publish`, accumulating in fp32
     (`preferred_element_type`, XLA:CPU's fast bf16 path); the bias is added
     in fp32.
-  * int8: the layer's published {"kernel_q", "kernel_scale", "bias"} are used
-    instead of its fp32 kernel. Inputs are quantized per row (per sample)
+  * int8: the layer's published {"kernel_q", "kernel_scale", "input_scale",
+    "bias"} are used instead of its fp32 kernel. Inputs are multiplied by the
+    layer's input equalization factors and quantized per row (per sample)
     dynamically, products are int8 x int8 -> int32 (`lax.dot_general` /
     `lax.conv_general_dilated` with `preferred_element_type=int32`), then
     rescaled by scale_x[n] * scale_w[o] and the fp32 bias added.
@@ -204,12 +205,15 @@ def dense_int8(x: jax.Array, params: dict, pixels=None) -> jax.Array:
     qw, sw = params[qz.QKERNEL], params[qz.QSCALE]
     k, o = qw.shape
     lead = x.shape[:-1]
-    if pixels is not None:
+    if pixels is not None and qz.QINPUT not in params:
         raw, scale = pixels
         qx = raw.reshape(-1, k)
         sx = jnp.full((qx.shape[0],), scale, jnp.float32)
     else:
-        qx, sx = qz.quantize_rows(x.reshape(-1, k))
+        x = x.reshape(-1, k)
+        if qz.QINPUT in params:
+            x = x * params[qz.QINPUT]
+        qx, sx = qz.quantize_rows(x)
     acc = lax.dot_general(qx, qw, _DOT_LAST, preferred_element_type=jnp.int32)
     y = acc.astype(jnp.float32) * (sx[:, None] * sw[None, :])
     if "bias" in params:
@@ -251,26 +255,28 @@ def conv_int8(module: nn.Module, x: jax.Array, params: dict, pixels=None,
     batch_shape = x.shape[:-3]
     strides = tuple(int(s) for s in np.broadcast_to(module.strides or 1, (2,)))
     n = int(np.prod(batch_shape)) if batch_shape else 1
-    if pixels is not None:
+    g = params.get(qz.QINPUT)
+    if pixels is not None and g is None:
         raw, scale = pixels
         x = raw.reshape((n,) + raw.shape[-3:])
     else:
         x, scale = x.reshape((n,) + x.shape[-3:]), None
     pads = tuple(tuple(p) for p in _explicit_padding(module, x.shape[1:3], strides))
     impl = choose_conv_impl(x.shape, x.dtype, pads, qw.shape, strides, policy)
-    y = _conv_layer(impl, x, scale, qw, sw, pads, strides)
+    y = _conv_layer(impl, x, scale, qw, sw, pads, strides, g)
     if "bias" in params:
         y = y + params["bias"]
     return y.reshape(batch_shape + y.shape[1:])
 
 
-def _conv_layer(impl: str, x, pixel_scale, qw, sw, pads, strides) -> jax.Array:
-    """Everything of an int8 conv layer but the bias: quantize (unless integer
-    pixels with `pixel_scale`), pad, integer convolution `impl`, rescale."""
+def _conv_layer(impl: str, x, pixel_scale, qw, sw, pads, strides, g=None) -> jax.Array:
+    """Everything of an int8 conv layer but the bias: equalize by `g` and
+    quantize (unless integer pixels with `pixel_scale`), pad, integer
+    convolution `impl`, rescale."""
     if pixel_scale is not None:
         qx, sx = x, jnp.full((x.shape[0],), pixel_scale, jnp.float32)
     else:
-        qx, sx = qz.quantize_rows(x)
+        qx, sx = qz.quantize_rows(x if g is None else x * g)
     qx = jnp.pad(qx, ((0, 0), *pads, (0, 0)))
     acc = CONV_FUNCTIONS[impl](qx, qw, strides)
     return acc.astype(jnp.float32) * (sx[:, None, None, None] * sw)
@@ -435,7 +441,9 @@ def _calibrate(x_shape, kind, pads, w_shape, strides, budget_s: float = 0.4) -> 
             fns, seconds = {}, {}
             for impl in CONV_FUNCTIONS:
                 try:
-                    f = jax.jit(lambda x, w, s, impl=impl: _conv_layer(impl, x, pixel_scale, w, s, pads, strides))
+                    g = None if pixel_scale is not None else jnp.ones((x_shape[-1],), jnp.float32)
+                    f = jax.jit(lambda x, w, s, impl=impl, g=g: _conv_layer(
+                        impl, x, pixel_scale, w, s, pads, strides, g))
                     jax.block_until_ready(f(x, qw, sw))  # compile
                     started = time.perf_counter()
                     jax.block_until_ready(f(x, qw, sw))
@@ -535,9 +543,10 @@ def find_layers(module: nn.Module, *args, method=None, **kwargs) -> list[LayerIn
     return list(found.values())
 
 
-def quantizable_paths(layers: list[LayerInfo]) -> tuple[tuple[str, ...], ...]:
-    """The `layers` argument for `quantize.publish`."""
-    return tuple(layer.path for layer in layers if layer.quantizable)
+def quantizable_paths(layers: list[LayerInfo]) -> dict[tuple[str, ...], dict]:
+    """The `layers` argument for `quantize.publish`: path -> {"equalize": bool}
+    for every layer the int8 rule implements (pixel-fed layers unequalized)."""
+    return {layer.path: {"equalize": not layer.pixels} for layer in layers if layer.quantizable}
 
 
 def layer_fn(layer: LayerInfo, precision: str, conv_impl: str | None = None) -> Callable:

@@ -9,6 +9,10 @@ Scheme (int8):
     at inference time: scale[n] = max|x[n]| / 127.
   * products: int8 x int8 with int32 accumulation, then
     y = acc * scale_x[n] * scale_w[o] + bias[o] in fp32 (biases stay fp32).
+  * input equalization (data-free, exact in real arithmetic): each layer's
+    input feature k is multiplied by g[k] = max|w[k, :]| before the per-row
+    quantization and the kernel row divided by it (`input_equalization`).
+    Layers fed raw uint8 pixels are not equalized (their input is exact).
 
 Round-trip error per element is at most scale/2 (half a quantization step).
 """
@@ -16,7 +20,7 @@ Round-trip error per element is at most scale/2 (half a quantization step).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +32,7 @@ INT8_MAX = 127
 # a module that is not intercepted can never silently read int8 weights).
 QKERNEL = "kernel_q"
 QSCALE = "kernel_scale"
+QINPUT = "input_scale"
 _TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -90,24 +95,56 @@ def _is_layer(node: Any) -> bool:
     )
 
 
-def quantize_layer(node: Mapping) -> dict:
-    """{"kernel": w, "bias": b} -> {"kernel_q": int8, "kernel_scale": fp32 [O], "bias": fp32}."""
-    q, scale = quantize_per_channel(node["kernel"])
-    out = {QKERNEL: q, QSCALE: scale}
+def input_equalization(w: jax.Array) -> jax.Array:
+    """Per input feature/channel factor g[k] = max |w[..., k, :]| (1 where zero).
+
+    Folding g into the layer (x' = x * g, w' = w / g) leaves its output
+    unchanged but gives each input feature a share of the per-row int8 range
+    in proportion to how strongly it drives the layer, instead of to its raw
+    magnitude: a small but influential input (CartPole's pole angle next to
+    its velocities) is no longer rounded away. Data-free: uses weights only.
+    """
+    w = jnp.asarray(w, jnp.float32)
+    axes = tuple(i for i in range(w.ndim) if i != w.ndim - 2)
+    g = jnp.max(jnp.abs(w), axis=axes)
+    return jnp.where(g >= _TINY, g, jnp.float32(1.0))
+
+
+def quantize_layer(node: Mapping, equalize: bool = True) -> dict:
+    """{"kernel": w, "bias": b} -> {"kernel_q": int8, "kernel_scale": fp32 [O],
+    "input_scale": fp32 [K] (with `equalize`), "bias": fp32 [O]}.
+
+    With equalization the int8 kernel holds w / g (g broadcast along the
+    input axis, -2) and inference multiplies its input by g before quantizing.
+    """
+    w = jnp.asarray(node["kernel"], jnp.float32)
+    out = {}
+    if equalize:
+        g = input_equalization(w)
+        shape = [1] * w.ndim
+        shape[-2] = w.shape[-2]
+        w = w / g.reshape(shape)
+        out[QINPUT] = g
+    q, scale = quantize_per_channel(w)
+    out.update({QKERNEL: q, QSCALE: scale})
     if "bias" in node:
         out["bias"] = jnp.asarray(node["bias"], jnp.float32)
     return out
 
 
-def publish(params: Any, precision: str, layers: Iterable[tuple[str, ...]] | None = None) -> Any:
+def publish(params: Any, precision: str, layers=None) -> Any:
     """Turns an fp32 flax params pytree into what the inference server runs.
 
     fp32: returned unchanged. bf16: every floating leaf cast to bfloat16.
     int8: each Dense/Conv layer's {"kernel", "bias"} becomes
-    {"kernel_q" int8, "kernel_scale" fp32 [out], "bias" fp32}; everything else
-    stays fp32. `layers` (paths inside the "params" collection, e.g.
-    ("torso", "Conv_0"), as found by `seedq.quant.layers.find_layers`) limits
-    quantization to layers the interceptor implements; without it, every
+    {"kernel_q" int8, "kernel_scale" fp32 [out], "input_scale" fp32 [in],
+    "bias" fp32} (see `quantize_layer`); everything else stays fp32.
+
+    `layers` says which layers to quantize: a mapping path -> {"equalize":
+    bool} as returned by `seedq.quant.quantizable_paths(find_layers(...))`
+    (paths inside the "params" collection, e.g. ("torso", "Conv_0")), or
+    an iterable of paths (all equalized). Layers fed uint8 pixels are not
+    equalized, so they keep using the exact integers. Without `layers`, every
     dict holding only a rank >= 2 "kernel" (+ "bias") is quantized.
 
     Pure and jittable (`layers` must be static).
@@ -120,11 +157,16 @@ def publish(params: Any, precision: str, layers: Iterable[tuple[str, ...]] | Non
         )
     if precision != "int8":
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
-    wanted = None if layers is None else {tuple(p) for p in layers}
+    if layers is None:
+        options = None
+    elif isinstance(layers, Mapping):
+        options = {tuple(p): dict(o) for p, o in layers.items()}
+    else:
+        options = {tuple(p): {"equalize": True} for p in layers}
 
     def walk(node: Any, path: tuple[str, ...]) -> Any:
-        if _is_layer(node) and (wanted is None or path in wanted):
-            return quantize_layer(node)
+        if _is_layer(node) and (options is None or path in options):
+            return quantize_layer(node, **(options or {}).get(path, {}))
         if isinstance(node, Mapping):
             return {k: walk(v, path + (k,)) for k, v in node.items()}
         return node
