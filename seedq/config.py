@@ -171,6 +171,11 @@ class TrainConfig:
             raise ValueError(
                 f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}"
             )
+        if self.agent == "r2d2" and self.precision != "fp32":
+            raise ValueError(
+                f"precision={self.precision!r}: the r2d2 agent serves fp32 only so far "
+                "(bf16/int8 inference is implemented for vtrace)"
+            )
         positive = {
             "num_actors": self.num_actors,
             "envs_per_actor": self.envs_per_actor,

@@ -56,6 +56,8 @@ class RunReporter:
             config.logdir, flush_secs=5,
             purge_step=learner.table.frames if resumed is not None else None,
         )
+        # The inference precision is part of every run's record, next to its curves.
+        self.writer.add_text("run/precision", config.precision, learner.table.frames)
         self.seconds_to_target: float | None = target.get("seconds_to_target")
         self.frames_to_target: int | None = target.get("frames_to_target")
         self._last_tick = (started, learner.table.frames, learner.train_steps)
