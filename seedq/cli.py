@@ -158,37 +158,36 @@ def _resumed_config(args: argparse.Namespace) -> TrainConfig:
     return dataclasses.replace(config_from_args(args, base=saved), logdir=run_dir)
 
 
+def _add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
+    """A command that runs a learner: every config flag plus --resume."""
+    parser = sub.add_parser(name, help=summary, description=description, formatter_class=_HelpFormatter)
+    add_config_flags(parser)
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", default=None,
+        help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
+        "(flags given here override it)" + resume_note,
+    )
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="seedq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser(
-        "train",
-        help="train locally: learner + actor processes on this host",
+    train = _add_run_command(
+        sub, "train",
+        summary="train locally: learner + actor processes on this host",
         description="Train locally: the learner plus `--num-actors` actor processes on this host.",
-        formatter_class=_HelpFormatter,
-    )
-    add_config_flags(train)
-    train.add_argument(
-        "--resume", metavar="RUN_DIR", default=None,
-        help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
-        "(flags given here override it)",
     )
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--quiet", action="store_true", help="no progress lines")
 
-    learner = sub.add_parser(
-        "learner",
-        help="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
+    learner = _add_run_command(
+        sub, "learner",
+        summary="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
         description="Run only the learner; actors started elsewhere (`seedq actor`) connect to "
         "--address. With --min-actors N training waits for N actors.",
-        formatter_class=_HelpFormatter,
-    )
-    add_config_flags(learner)
-    learner.add_argument(
-        "--resume", metavar="RUN_DIR", default=None,
-        help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
-        "(flags given here override it); running actors reconnect by themselves",
+        resume_note="; running actors reconnect by themselves",
     )
     learner.add_argument("--quiet", action="store_true", help="no progress lines")
 
