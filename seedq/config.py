@@ -202,16 +202,19 @@ class TrainConfig:
             self._validate_r2d2()
         if self.checkpoints_to_keep <= 0:
             raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep}: must be > 0")
-        for name in (
-            "min_actors", "checkpoint_every_seconds", "checkpoint_every_steps",
-            "eval_episodes", "eval_every_seconds",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 0")
-        for name in ("max_seconds", "max_frames", "batch_timeout_ms"):
-            section = self.server if name == "batch_timeout_ms" else self
-            if getattr(section, name) < 0:
-                raise ValueError(f"{name}={getattr(section, name)}: must be >= 0")
+        non_negative = {
+            "min_actors": self.min_actors,
+            "checkpoint_every_seconds": self.checkpoint_every_seconds,
+            "checkpoint_every_steps": self.checkpoint_every_steps,
+            "eval_episodes": self.eval_episodes,
+            "eval_every_seconds": self.eval_every_seconds,
+            "max_seconds": self.max_seconds,
+            "max_frames": self.max_frames,
+            "server.batch_timeout_ms": self.server.batch_timeout_ms,
+        }
+        for name, value in non_negative.items():
+            if value < 0:
+                raise ValueError(f"{name}={value}: must be >= 0")
 
     def _validate_r2d2(self) -> None:
         r = self.r2d2

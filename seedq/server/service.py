@@ -42,9 +42,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             handshake, actor_spec = codec.decode_handshake(message)
             mismatch = self.inference.spec.describe_mismatch(actor_spec)
             if mismatch:
-                raise codec.ProtocolError(
-                    "handshake." + mismatch.split(":", 1)[0], mismatch.split(":", 1)[1].strip()
-                )
+                field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
+                raise codec.ProtocolError("handshake." + field, detail.strip())
             if handshake.num_envs > self.max_envs_per_actor:
                 raise codec.ProtocolError(
                     "handshake.num_envs",
