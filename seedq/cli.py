@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
     actor.add_argument("--server", required=True, help="learner address: unix:/path.sock or host:port")
-    actor.add_argument("--env", required=True, help="gymnasium environment id")
+    actor.add_argument(
+        "--env", required=True,
+        help="environment id: a gymnasium id (module:Env-v0 imports module first), ALE/<Game>-v5, "
+        "dmc:<domain>-<task>, or factory:<module>:<function>",
+    )
     actor.add_argument("--num-envs", type=int, default=32, help="envs stepped as one vector")
     actor.add_argument("--actor-id", default="", help="stable actor name (default: host-pid)")
     actor.add_argument("--seed", type=int, default=0)
@@ -212,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
     actor.add_argument("--verbose", action="store_true")
+    # Atari preprocessing happens in the actor: the same flags as the learner's.
+    add_config_flags(actor, config_lib.AtariConfig, prefix="atari.")
 
     ev = sub.add_parser(
         "eval",
@@ -338,8 +344,8 @@ def _eval(args: argparse.Namespace) -> int:
         config = loaded.config
         episodes = args.episodes if args.episodes is not None else (config.eval_episodes or 10)
         seed = args.seed if args.seed is not None else config.eval_seed
-        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed)
-        video = evaluate.record_video(loaded.policy, config.env, args.video, seed) if args.video else None
+        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed, config.atari)
+        video = evaluate.record_video(loaded.policy, config.env, args.video, seed, config.atari) if args.video else None
     except (ValueError, OSError, RuntimeError) as e:
         print(f"seedq eval: {e}", file=sys.stderr)
         return 1

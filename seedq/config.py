@@ -22,6 +22,7 @@ from typing import Any
 AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed",)
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
+NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,33 @@ class ServerConfig:
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class AtariConfig:
+    """Preprocessing of ALE/* envs (ale_py's vector env, in the actor) and their rewards.
+
+    Actors send one grey screen_size x screen_size uint8 frame per step; the
+    learner stacks `frame_stack` of them (see TrainConfig.frame_stack).
+    """
+
+    # Each action is repeated this many emulator frames (1: no repeat).
+    frame_skip: int = 4
+    # Observe the max of the last two emulator frames of a repeat (removes sprite flicker).
+    max_pool: bool = True
+    # Up to this many no-op actions after a reset (random start states).
+    noop_max: int = 30
+    # End the episode (for learning) when a life is lost; returns still count whole games.
+    terminal_on_life_loss: bool = False
+    # Sticky actions: probability that the emulator repeats the previous action.
+    repeat_action_probability: float = 0.25
+    screen_size: int = 84
+    # All 18 actions instead of the game's minimal set.
+    full_action_space: bool = False
+    # Episodes are truncated after this many emulator frames (30 min of play).
+    max_episode_frames: int = 108_000
+    # Clip training rewards to [-1, 1] on the learner (reported returns stay unclipped).
+    clip_rewards: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +87,16 @@ class VTraceConfig:
     max_grad_norm: float = 10.0
     # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.
     reward_clip: float = 0.0
+    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # nature_cnn or impala_cnn.
+    network: str = "auto"
+    # Sizes of the MLP torso's layers.
     hidden_sizes: tuple[int, ...] = (64, 64)
+    # An LSTM between torso and heads (state kept per env by the server).
+    use_lstm: bool = False
+    lstm_size: int = 256
+    # Continuous actions: initial log standard deviation of the Gaussian policy.
+    initial_log_std: float = -0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +123,9 @@ class R2D2Config:
     max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
     target_update_period: int = 200
+    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # nature_cnn or impala_cnn.
+    network: str = "auto"
     # Sizes of the MLP torso's layers (before the LSTM).
     hidden_sizes: tuple[int, ...] = (64,)
     lstm_size: int = 64
@@ -129,6 +169,9 @@ class TrainConfig:
     seed: int = 0
     num_actors: int = 2
     envs_per_actor: int = 32
+    # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
+    # this many per network input; actors send single frames. 1: no stacking.
+    frame_stack: int = 4
     # Stop conditions: whichever comes first. 0 disables a limit.
     target_return: float = 475.0
     max_seconds: float = 300.0
@@ -156,6 +199,7 @@ class TrainConfig:
     # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
     eval_seed: int = 1000
     server: ServerConfig = ServerConfig()
+    atari: AtariConfig = AtariConfig()
     vtrace: VTraceConfig = VTraceConfig()
     r2d2: R2D2Config = R2D2Config()
 
@@ -185,6 +229,11 @@ class TrainConfig:
             "vtrace.unroll_length": self.vtrace.unroll_length,
             "vtrace.batch_size": self.vtrace.batch_size,
             "vtrace.learning_rate": self.vtrace.learning_rate,
+            "vtrace.lstm_size": self.vtrace.lstm_size,
+            "frame_stack": self.frame_stack,
+            "atari.frame_skip": self.atari.frame_skip,
+            "atari.screen_size": self.atari.screen_size,
+            "atari.max_episode_frames": self.atari.max_episode_frames,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -198,6 +247,16 @@ class TrainConfig:
             raise ValueError(f"vtrace.discount={self.vtrace.discount}: must be in [0, 1]")
         if not 0.0 <= self.vtrace.lambda_ <= 1.0:
             raise ValueError(f"vtrace.lambda_={self.vtrace.lambda_}: must be in [0, 1]")
+        if not 0.0 <= self.atari.repeat_action_probability <= 1.0:
+            raise ValueError(
+                f"atari.repeat_action_probability={self.atari.repeat_action_probability}: must be in [0, 1]"
+            )
+        for section in ("vtrace", "r2d2"):
+            network = getattr(self, section).network
+            if network not in NETWORK_CHOICES:
+                raise ValueError(
+                    f"{section}.network={network!r}: choose one of {', '.join(NETWORK_CHOICES)}"
+                )
         if self.agent == "r2d2":
             self._validate_r2d2()
         if self.checkpoints_to_keep <= 0:
@@ -211,6 +270,7 @@ class TrainConfig:
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,
+            "atari.noop_max": self.atari.noop_max,
         }
         for name, value in non_negative.items():
             if value < 0:

@@ -24,8 +24,8 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq.config import TrainConfig
-from seedq.envs import env_spec, make_vector_env
+from seedq.config import AtariConfig, TrainConfig
+from seedq.envs import env_spec, make_env, make_vector_env
 from seedq.learner import checkpoint
 
 VIDEO_FORMATS = (".mp4", ".gif")
@@ -112,11 +112,13 @@ class Policy:
         return np.asarray(actions), core, rng
 
 
-def evaluate(policy: Policy, env_id: str, episodes: int, seed: int) -> EvalResult:
+def evaluate(
+    policy: Policy, env_id: str, episodes: int, seed: int, atari: AtariConfig = AtariConfig()
+) -> EvalResult:
     """Plays `episodes` episodes (one per env of a vector env) and returns their returns."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    env = make_vector_env(env_id, episodes)
+    env = make_vector_env(env_id, episodes, atari=atari)
     try:
         obs, _ = env.reset(seed=seed)
         rng, core, inputs = policy.start(episodes, seed)
@@ -140,17 +142,18 @@ def evaluate(policy: Policy, env_id: str, episodes: int, seed: int) -> EvalResul
     )
 
 
-def record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
+def record_video(
+    policy: Policy, env_id: str, path: str, seed: int, atari: AtariConfig = AtariConfig()
+) -> dict:
     """Plays one episode rendered with render_mode="rgb_array" and writes it
     to `path` (.mp4 via ffmpeg, or .gif); returns {path, frames, return, fps}."""
     with warnings.catch_warnings():
         # imageio starts ffmpeg with fork+exec, which JAX warns about; the exec makes it safe.
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        return _record_video(policy, env_id, path, seed)
+        return _record_video(policy, env_id, path, seed, atari)
 
 
-def _record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
-    import gymnasium as gym
+def _record_video(policy: Policy, env_id: str, path: str, seed: int, atari: AtariConfig) -> dict:
     import imageio.v2 as imageio
 
     ext = os.path.splitext(path)[1].lower()
@@ -159,10 +162,7 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int) -> dict:
     # Off-screen rendering: no display or sound device needed (pygame-based envs).
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-    except gym.error.Error as e:
-        raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+    env = make_env(env_id, atari, render_mode="rgb_array")
     fps = float(env.metadata.get("render_fps") or 30)
     stride = max(1, math.ceil(fps / GIF_MAX_FPS)) if ext == ".gif" else 1
     frames: list[np.ndarray] = []
@@ -241,7 +241,7 @@ def load_policy(
     overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
     config = dataclasses.replace(config, **overrides)
     config.validate()
-    spec = env_spec(config.env)
+    spec = env_spec(config.env, config.atari)
     agent = make_agent(config, spec)
     like_state = jax.jit(agent.init)(jax.random.PRNGKey(0))
     snapshot, step_dir = checkpoint.restore(

@@ -7,6 +7,7 @@ start-up overlaps the learner's JAX start-up; they retry until it listens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import uuid
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
-from seedq.envs import env_spec
+from seedq.envs import env_kind, env_spec
 from seedq.learner import checkpoint
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
@@ -44,6 +45,12 @@ def actor_command(
         "--retry-max-seconds", "30",
         "--parent-pid", str(os.getpid()),
     ]
+    if env_kind(config.env) == "atari":
+        # Preprocessing runs in the actor: it must match the learner's spec.
+        for field in dataclasses.fields(config.atari):
+            value = getattr(config.atari, field.name)
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            cmd += ["--atari." + field.name.replace("_", "-"), text]
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd
@@ -94,14 +101,14 @@ def train(
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
-    env_spec(config.env)  # a bad env id fails here, before any process starts
+    env_spec(config.env, config.atari)  # a bad env id fails here, before any process starts
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
         import jax
 
         from seedq.learner.learner import make_agent
 
-        agent = make_agent(config, env_spec(config.env))
+        agent = make_agent(config, env_spec(config.env, config.atari))
         checkpoint.check_compatible(
             resume,
             jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),

@@ -269,9 +269,9 @@ def run_cli(args, capsys):
         (["train", "--resume", "{empty}"], 1, "not a seedq run directory (no config.json)"),
         (["train", "--resume", "{no_checkpoint}"], 1, "no checkpoint in it"),
         (["train", "--resume", "{run}", "--vtrace.hidden-sizes", "32"], 1,
-         "incompatible with this config (CartPole-v1): learner/params/params/Dense_0/bias is float32[64]"),
+         "incompatible with this config (CartPole-v1): learner/params/params/MLPTorso_0/Dense_0/bias is float32[64]"),
         (["eval", "{run}", "--env", "Acrobot-v1"], 1,
-         "incompatible with this config (Acrobot-v1): learner/params/params/Dense_0/kernel is float32[4, 64]"),
+         "incompatible with this config (Acrobot-v1): learner/params/params/MLPTorso_0/Dense_0/kernel is float32[4, 64]"),
     ],
 )
 def test_cli_errors_are_one_line(args, code, expected, local_run, tmp_path, capsys):

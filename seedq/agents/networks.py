@@ -134,6 +134,51 @@ class DuelingHead(nn.Module):
         return value + advantage - jnp.mean(advantage, axis=-1, keepdims=True)
 
 
+Carry = tuple[jax.Array, jax.Array]  # (cell c [B, H], hidden h [B, H])
+
+
+class LSTMCell(nn.Module):
+    """A standard LSTM step: ((c, h), x [B, F]) -> ((c', h'), h' [B, H]).
+
+    The four gates come from a single `nn.Dense` (quantizable like any layer)."""
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, carry: Carry, x: jax.Array) -> tuple[Carry, jax.Array]:
+        c, h = carry
+        gates = nn.Dense(4 * self.hidden_size, name="gates")(jnp.concatenate([x, h], axis=-1))
+        i, f, g, o = jnp.split(gates, 4, axis=-1)
+        c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+        h = nn.sigmoid(o) * jnp.tanh(c)
+        return (c, h), h
+
+
+class _ResettingLSTMStep(nn.Module):
+    """One time step; zeroes the carry of envs whose `first` flag is set."""
+
+    hidden_size: int
+
+    @nn.compact
+    def __call__(self, carry: Carry, inputs: tuple[jax.Array, jax.Array]):
+        x, first = inputs  # [B, F], [B] bool
+        keep = 1.0 - first.astype(x.dtype)[:, None]
+        carry = jax.tree.map(lambda state: state * keep, carry)
+        return LSTMCell(self.hidden_size, name="cell")(carry, x)
+
+
+# (carry, (x [T, B, F], first [T, B])) -> (carry after step T-1, outputs [T, B, H]):
+# the LSTM scanned over time, reset to zeros before every step whose `first`
+# flag is set, so state never carries across episodes (acting: T = 1).
+ScannedLSTM = nn.scan(
+    _ResettingLSTMStep,
+    variable_broadcast="params",
+    split_rngs={"params": False},
+    in_axes=0,
+    out_axes=0,
+)
+
+
 class LSTMCore(nn.Module):
     """One recurrent step: (carry, features [N, F]) -> (new carry, output [N, H]).
 
@@ -164,9 +209,21 @@ class PolicyValueNet(nn.Module):
         return PolicyValueHead(self.num_actions)(self.torso(obs))
 
 
-def make_torso(name: str, mlp_hidden: Sequence[int] = (256, 256, 256)) -> nn.Module:
+def resolve_network(name: str, pixels: bool) -> str:
+    """"auto" -> nature_cnn for frames, mlp for vectors; other names unchanged."""
+    if name == "auto":
+        return "nature_cnn" if pixels else "mlp"
+    if name not in NETWORKS:
+        raise ValueError(f"network {name!r}: choose auto or one of {', '.join(NETWORKS)}")
+    return name
+
+
+def make_torso(
+    name: str, mlp_hidden: Sequence[int] = (256, 256, 256),
+    mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu,
+) -> nn.Module:
     if name == "mlp":
-        return MLPTorso(tuple(mlp_hidden))
+        return MLPTorso(tuple(mlp_hidden), mlp_activation)
     if name == "nature_cnn":
         return NatureCNN()
     if name == "impala_cnn":

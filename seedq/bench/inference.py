@@ -156,14 +156,19 @@ def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 
 
     cfg = config_lib.load(os.path.join(run_dir, "config.json"))
     spec = env_spec(cfg.env)
-    agents = {p: VTraceAgent(spec, cfg.vtrace, precision=p) for p in quant.PRECISIONS}
+    agents = {
+        p: VTraceAgent(spec, cfg.vtrace, precision=p, frame_stack=cfg.frame_stack)
+        for p in quant.PRECISIONS
+    }
     like = agents["fp32"].init(jax.random.PRNGKey(0))
     snapshot, step_dir = checkpoint.restore(run_dir, like, jax.random.PRNGKey(0), env=cfg.env)
     net = agents["fp32"].network
     forward = {}
     for p, agent in agents.items():
         published = agent.inference_params(snapshot.state)
-        forward[p] = jax.jit(lambda o, p=p, published=published: quant.apply(net, published, p, o)[0])
+        # One time step of a feed-forward policy: obs [N, D] -> logits [N, A].
+        forward[p] = jax.jit(lambda o, p=p, published=published: quant.apply(
+            net, published, p, o[None], jnp.zeros((1, len(o)), bool), None)[0]["logits"][0])
     out = {"run_dir": run_dir, "checkpoint": step_dir, "env": cfg.env, "modes": {}}
     for mode in modes:
         states = policy_states(forward["fp32"], cfg.env, mode, steps=steps, num_envs=num_envs, seed=seed)

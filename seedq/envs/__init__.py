@@ -1,4 +1,21 @@
-"""Environment construction shared by actors, the learner and benchmarks.
+"""Environment construction shared by actors, the learner, evaluation and benchmarks.
+
+Every command takes the same environment ids:
+
+* any registered gymnasium id (`CartPole-v1`, gymnasium's `module:Env-v0`
+  form imports `module` first, which is how a user's own registered env is
+  found in every process, actors included);
+* `ALE/<Game>-v5` (and the other ALE ids): ale_py's C++ vector env does the
+  Atari preprocessing (`seedq.config.AtariConfig`) and emits one grey frame
+  [H, W] uint8 per step; frame stacking happens on the learner;
+* `dmc:<domain>-<task>` (`dmc:cartpole-swingup`, `dmc:ball_in_cup-catch`): a
+  DeepMind Control suite task through Farama's shimmy adapter, with the
+  observation dict flattened to one float32 vector;
+* `factory:<module>:<function>`: `function()` from an importable module
+  returns a gymnasium Env (for envs that are not registered).
+
+Box action spaces are clipped to their bounds before the env sees them
+(gymnasium's ClipAction), so Gaussian policies can sample freely.
 
 Actors step a gymnasium *vector* env. seedq relies on gymnasium's default
 next-step autoreset: the step that ends an episode returns its final
@@ -10,45 +27,124 @@ final observation of truncated episodes.
 
 from __future__ import annotations
 
+import importlib
+import os
+from typing import Callable
+
 import gymnasium as gym
 import numpy as np
 
+from seedq.config import AtariConfig
 from seedq.wire.codec import EnvSpec, spec_from_spaces
 
 # Registers seedq's own check environments (e.g. seedq/CartPoleNoVelocity-v1)
 # wherever envs are made: learner, actors, benchmarks.
 from seedq.envs import partially_observable  # noqa: E402,F401
 
+DMC_PREFIX = "dmc:"
+FACTORY_PREFIX = "factory:"
 
-def make_vector_env(env_id: str, num_envs: int, seed: int | None = None) -> gym.vector.VectorEnv:
-    """A gymnasium vector env of `num_envs` copies of `env_id`, reset with `seed`.
+
+def _register_ale() -> None:
+    try:
+        import ale_py
+    except ImportError:  # ale-py is a dependency; only a broken install lands here
+        return
+    gym.register_envs(ale_py)
+
+
+_register_ale()
+
+
+def env_kind(env_id: str) -> str:
+    """"dmc", "factory", "atari" or "gym" (raises ValueError for an unknown id)."""
+    if env_id.startswith(DMC_PREFIX):
+        return "dmc"
+    if env_id.startswith(FACTORY_PREFIX):
+        return "factory"
+    spec = _gym_spec(env_id)
+    if isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py"):
+        return "atari"
+    return "gym"
+
+
+def _gym_spec(env_id: str):
+    try:
+        return gym.spec(env_id)
+    except (gym.error.Error, ModuleNotFoundError) as e:
+        raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+
+
+def make_env(
+    env_id: str, atari: AtariConfig = AtariConfig(), render_mode: str | None = None,
+    clip_actions: bool = True,
+) -> gym.Env:
+    """One env of `env_id`, observing exactly what an actor's vector env observes.
+
+    `clip_actions=False` keeps the Box action space's real bounds (ClipAction
+    widens the space to +-inf); `env_spec` uses that.
+    """
+    kind = env_kind(env_id)
+    if kind == "dmc":
+        env = _make_dmc(env_id, render_mode)
+    elif kind == "factory":
+        env = _factory(env_id)()
+        if not isinstance(env, gym.Env):
+            raise ValueError(f"{env_id}: the factory returned {type(env).__name__}, not a gymnasium Env")
+    elif kind == "atari":
+        env = _make_atari_single(env_id, atari, render_mode)
+    else:
+        try:
+            env = gym.make(env_id, render_mode=render_mode)
+        except gym.error.Error as e:
+            raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+    if clip_actions and isinstance(env.action_space, gym.spaces.Box):
+        env = gym.wrappers.ClipAction(env)
+    return env
+
+
+def make_vector_env(
+    env_id: str, num_envs: int, seed: int | None = None, atari: AtariConfig = AtariConfig()
+) -> gym.vector.VectorEnv:
+    """A gymnasium vector env of `num_envs` copies of `env_id` (next-step autoreset).
 
     Uses the env's own vectorised implementation when it has one (CartPole's
-    numpy vector env steps ~8x faster than a loop of single envs), else a
-    synchronous loop in this process: an actor process is already one unit of
-    parallelism, so subprocess vector envs would only add copies.
+    numpy vector env steps ~8x faster than a loop of single envs; ALE's runs
+    its emulators in C++ threads), else a synchronous loop in this process:
+    an actor process is already one unit of parallelism, so subprocess vector
+    envs would only add copies.
     """
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as e:
-        raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+    kind = env_kind(env_id)
+    if kind == "atari":
+        env = _make_atari_vector(env_id, num_envs, atari)
+    elif kind in ("dmc", "factory"):
+        env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, atari) for _ in range(num_envs)])
+    else:
+        spec = _gym_spec(env_id)
+        if spec.vector_entry_point is not None:
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
+        else:
+            env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, atari) for _ in range(num_envs)])
     autoreset = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
     if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
         env.close()
         raise ValueError(
             f"{env_id}: vector env uses autoreset mode {autoreset}; seedq needs NEXT_STEP"
         )
+    if seed is not None:
+        env.reset(seed=seed)
     return env
 
 
-def env_spec(env_id: str) -> EnvSpec:
+def env_spec(env_id: str, atari: AtariConfig = AtariConfig()) -> EnvSpec:
     """The observation/action spec of one `env_id` env, as sent in the handshake."""
-    try:
-        env = gym.make(env_id)
-    except gym.error.Error as e:
-        raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+    if env_kind(env_id) == "atari":
+        env = _make_atari_vector(env_id, 1, atari)
+        try:
+            return spec_from_spaces(env.single_observation_space, env.single_action_space)
+        finally:
+            env.close()
+    env = make_env(env_id, atari, clip_actions=False)
     try:
         return spec_from_spaces(env.observation_space, env.action_space)
     finally:
@@ -62,3 +158,116 @@ def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarra
     low = np.asarray(spec.action_low, np.float32).reshape(spec.action_shape)
     high = np.asarray(spec.action_high, np.float32).reshape(spec.action_shape)
     return rng.uniform(low, high, size=(n, *spec.action_shape)).astype(np.float32)
+
+
+def is_pixel_spec(spec: EnvSpec) -> bool:
+    """Single grey frames [H, W] uint8: the learner stacks these."""
+    return np.dtype(spec.obs_dtype) == np.uint8 and len(spec.obs_shape) == 2
+
+
+# --- Atari -----------------------------------------------------------------
+
+
+def _atari_game(env_id: str) -> str:
+    kwargs = _gym_spec(env_id).kwargs
+    if "game" not in kwargs:
+        raise ValueError(f"{env_id}: not an ALE game id")
+    return kwargs["game"]
+
+
+def _make_atari_vector(env_id: str, num_envs: int, atari: AtariConfig) -> gym.vector.VectorEnv:
+    """ale_py's vector env emitting single frames [N, H, W] (stack 1, no reward clipping)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv(
+        _atari_game(env_id),
+        num_envs,
+        # One emulator thread per actor process: actors are the unit of parallelism.
+        num_threads=1,
+        frameskip=atari.frame_skip,
+        maxpool=atari.max_pool,
+        noop_max=atari.noop_max,
+        episodic_life=atari.terminal_on_life_loss,
+        repeat_action_probability=atari.repeat_action_probability,
+        img_height=atari.screen_size,
+        img_width=atari.screen_size,
+        full_action_space=atari.full_action_space,
+        max_num_frames_per_episode=atari.max_episode_frames,
+        grayscale=True,
+        stack_num=1,
+        # Rewards are clipped on the learner, for training only (AtariConfig.clip_rewards).
+        reward_clipping=False,
+    )
+    size = atari.screen_size
+    frame = gym.spaces.Box(0, 255, (size, size), np.uint8)
+    return gym.wrappers.vector.TransformObservation(
+        env,
+        lambda obs: obs.reshape(obs.shape[0], size, size),
+        observation_space=gym.vector.utils.batch_space(frame, num_envs),
+        single_observation_space=frame,
+    )
+
+
+def _make_atari_single(env_id: str, atari: AtariConfig, render_mode: str | None) -> gym.Env:
+    """One Atari env with gymnasium's AtariPreprocessing (same choices as the vector env)."""
+    env = gym.make(
+        env_id,
+        frameskip=1,
+        repeat_action_probability=atari.repeat_action_probability,
+        full_action_space=atari.full_action_space,
+        max_num_frames_per_episode=atari.max_episode_frames,
+        render_mode=render_mode,
+    )
+    return gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=atari.noop_max,
+        frame_skip=atari.frame_skip,
+        screen_size=atari.screen_size,
+        terminal_on_life_loss=atari.terminal_on_life_loss,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+
+
+# --- DeepMind Control --------------------------------------------------------
+
+
+def _make_dmc(env_id: str, render_mode: str | None) -> gym.Env:
+    name = env_id[len(DMC_PREFIX):]
+    domain, sep, task = name.partition("-")
+    if not sep or not domain or not task:
+        raise ValueError(f"environment id {env_id!r}: use dmc:<domain>-<task>, e.g. dmc:cartpole-swingup")
+    # Headless rendering (videos) without a display; EGL needs no X server.
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from dm_control import suite
+    from shimmy import DmControlCompatibilityV0
+
+    if (domain, task) not in suite.ALL_TASKS:
+        known = ", ".join(f"{d}-{t}" for d, t in suite.ALL_TASKS if d == domain) or "none for this domain"
+        raise ValueError(f"unknown DeepMind Control task {env_id!r} (tasks: {known})")
+    env = DmControlCompatibilityV0(suite.load(domain, task), render_mode=render_mode)
+    env = gym.wrappers.FlattenObservation(env)
+    flat = env.observation_space
+    return gym.wrappers.TransformObservation(
+        env,
+        lambda obs: obs.astype(np.float32),
+        gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32),
+    )
+
+
+# --- user factories ------------------------------------------------------------
+
+
+def _factory(env_id: str) -> Callable[[], gym.Env]:
+    target = env_id[len(FACTORY_PREFIX):]
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"environment id {env_id!r}: use factory:<module>:<function>")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"environment id {env_id!r}: cannot import {module_name!r}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"environment id {env_id!r}: {module_name} has no callable {attr!r}")
+    return factory

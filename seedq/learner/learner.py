@@ -22,7 +22,7 @@ import numpy as np
 from seedq import jax_setup
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
-from seedq.envs import env_spec
+from seedq.envs import env_kind, env_spec
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import BEHAVIOUR_VERSION, InferenceServer
 from seedq.server.service import LearnerService, start_server
@@ -33,12 +33,15 @@ log = logging.getLogger("seedq.learner")
 
 def make_agent(config: TrainConfig, spec):
     if config.agent == "vtrace":
-        return VTraceAgent(spec, config.vtrace, precision=config.precision)
+        return VTraceAgent(
+            spec, config.vtrace, precision=config.precision, frame_stack=config.frame_stack
+        )
     if config.agent == "r2d2":
         from seedq.agents.r2d2.agent import R2D2Agent
 
         return R2D2Agent(
-            spec, config.r2d2, num_envs=config.num_actors * config.envs_per_actor, seed=config.seed
+            spec, config.r2d2, num_envs=config.num_actors * config.envs_per_actor, seed=config.seed,
+            frame_stack=config.frame_stack,
         )
     raise ValueError(f"agent={config.agent!r} is not available")
 
@@ -49,7 +52,7 @@ class Learner:
         self.requested_address = address
         jax_setup.configure()
         self.address: str | None = None
-        self.spec = env_spec(config.env)
+        self.spec = env_spec(config.env, config.atari)
         self.agent = make_agent(config, self.spec)
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
@@ -66,6 +69,7 @@ class Learner:
             max_batch_size=config.server.max_batch_size,
             batch_timeout_ms=config.server.batch_timeout_ms,
             rng=act_rng,
+            reward_clip=1.0 if env_kind(config.env) == "atari" and config.atari.clip_rewards else 0.0,
         )
         self.inference.publish(self.agent.inference_params(self.state), self.version)
         self.learner_run = uuid.uuid4().hex[:12]

@@ -188,7 +188,10 @@ class RunReporter:
         if self._eval_policy is None:  # one policy object: its jitted step compiles once
             self._eval_policy = Policy(learner.agent, params, greedy=True)
         self._eval_policy.params = params
-        return evaluate(self._eval_policy, self.config.env, self.config.eval_episodes, self.config.eval_seed)
+        return evaluate(
+            self._eval_policy, self.config.env, self.config.eval_episodes, self.config.eval_seed,
+            self.config.atari,
+        )
 
     def _write_eval(self, d: dict, step: int) -> None:
         for key in ("mean", "std", "min", "max"):

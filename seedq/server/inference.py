@@ -113,6 +113,7 @@ class InferenceServer:
         max_batch_size: int,
         batch_timeout_ms: float,
         rng: jax.Array,
+        reward_clip: float = 0.0,
     ):
         self.agent = agent
         self.spec = spec
@@ -120,6 +121,9 @@ class InferenceServer:
         self.queue = queue
         self.max_batch_size = max_batch_size
         self.timeout = batch_timeout_ms / 1000.0
+        # > 0: rewards recorded for training are clipped to [-reward_clip, reward_clip]
+        # (Atari); episode returns are booked from the unclipped rewards.
+        self.reward_clip = reward_clip
         self.buckets = bucket_sizes(max_batch_size)
         sequence = agent.sequence_spec()
         # Recurrent state per env slot, kept between steps (empty for MLPs).
@@ -338,6 +342,8 @@ class InferenceServer:
             {k: _pad(v[slots], size) for k, v in self._inputs.items()},
         )
         actions = np.asarray(actions)[:n]
+        if self.reward_clip > 0:
+            rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
         step = {
             "obs": obs,
             "reward": rewards,

@@ -33,6 +33,8 @@ import numpy as np
 import optax
 
 from seedq.agents.base import SequenceSpec, StepFieldSpec
+from seedq.agents.frames import frame_stacker
+from seedq.agents.networks import resolve_network
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
@@ -69,7 +71,8 @@ def exploration_epsilons(
 class R2D2Agent:
     """Plugs R2D2 into the learner through `seedq.agents.base.Agent`."""
 
-    def __init__(self, spec: EnvSpec, config: R2D2Config, num_envs: int, seed: int = 0):
+    def __init__(self, spec: EnvSpec, config: R2D2Config, num_envs: int, seed: int = 0,
+                 frame_stack: int = 4):
         if not spec.discrete:
             raise ValueError(
                 f"the r2d2 agent needs a Discrete action space; this env has {spec.action_text()}"
@@ -80,7 +83,11 @@ class R2D2Agent:
         self.config = config
         self.num_envs = int(num_envs)
         self.seed = seed
+        # Pixel envs: the last frame_stack - 1 frames are core state (stacked on the learner).
+        self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
+        self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network = RecurrentQNetwork(
+            torso=resolve_network(config.network, pixels=len(self.obs_shape) == 3),
             num_actions=spec.num_actions,
             hidden_sizes=tuple(config.hidden_sizes),
             lstm_size=config.lstm_size,
@@ -105,10 +112,11 @@ class R2D2Agent:
         return {"greedy_action": StepFieldSpec((), np.int32)}
 
     def initial_core_state(self, n: int) -> dict[str, np.ndarray]:
-        if not self.config.use_lstm:
-            return {}
-        zeros = np.zeros((n, self.config.lstm_size), np.float32)
-        return {"c": zeros, "h": zeros.copy()}
+        core = self.frames.initial_core_state(n) if self.frames else {}
+        if self.config.use_lstm:
+            zeros = np.zeros((n, self.config.lstm_size), np.float32)
+            core.update(c=zeros, h=zeros.copy())
+        return core
 
     def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         return {"epsilon": exploration_epsilons(slots, self.num_envs, self.config)}
@@ -120,6 +128,8 @@ class R2D2Agent:
     def act(self, params, rng, obs, first, core_state, inputs):
         """Epsilon-greedy on Q: (obs [N, ...], first [N], {c, h} [N, H], {epsilon [N]})
         -> (actions int32 [N], {"greedy_action": [N]}, new {c, h}, new rng)."""
+        if self.frames:
+            obs, core_state = self.frames.act(core_state, obs, first)
         carry = (core_state["c"], core_state["h"]) if self.config.use_lstm else None
         q, carry = self.network.apply(params, obs[None], first[None], carry)
         greedy = jnp.argmax(q[0], axis=-1).astype(jnp.int32)
@@ -128,7 +138,7 @@ class R2D2Agent:
         explore = jax.random.uniform(explore_rng, (n,)) < inputs["epsilon"]
         random_actions = jax.random.randint(action_rng, (n,), 0, self.spec.num_actions, jnp.int32)
         actions = jnp.where(explore, random_actions, greedy)
-        new_core = {"c": carry[0], "h": carry[1]} if self.config.use_lstm else {}
+        new_core = {**core_state, "c": carry[0], "h": carry[1]} if self.config.use_lstm else core_state
         return actions, {"greedy_action": greedy}, new_core, rng
 
     def greedy_actions(self, outputs: dict[str, jax.Array]) -> jax.Array:
@@ -170,7 +180,7 @@ class R2D2Agent:
     # --- learning ---
 
     def init(self, rng: jax.Array) -> LearnerState:
-        obs = jnp.zeros((1, 1, *self.spec.obs_shape), self.spec.obs_dtype)
+        obs = jnp.zeros((1, 1, *self.obs_shape), self.spec.obs_dtype)
         first = jnp.ones((1, 1), bool)
         params = self.network.init(rng, obs, first, self.network.initial_carry(1))
         return LearnerState(
@@ -196,6 +206,8 @@ class R2D2Agent:
         cfg = self.config
         burn_in, trace = cfg.burn_in, cfg.trace_length
         tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in STEP_FIELDS}  # [L, B, ...]
+        if self.frames:
+            tm["obs"] = jnp.swapaxes(self.frames.unroll(batch), 0, 1)
         carry = self._initial_carry(batch)
 
         # Online network: burn-in without gradient, then the rest of the sequence.

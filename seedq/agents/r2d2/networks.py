@@ -23,47 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seedq.agents.networks import DuelingHead, make_torso
-
-Carry = tuple[jax.Array, jax.Array]  # (cell c [B, H], hidden h [B, H])
-
-
-class LSTMCell(nn.Module):
-    """A standard LSTM step: ((c, h), x [B, F]) -> ((c', h'), h' [B, H])."""
-
-    hidden_size: int
-
-    @nn.compact
-    def __call__(self, carry: Carry, x: jax.Array) -> tuple[Carry, jax.Array]:
-        c, h = carry
-        gates = nn.Dense(4 * self.hidden_size, name="gates")(jnp.concatenate([x, h], axis=-1))
-        i, f, g, o = jnp.split(gates, 4, axis=-1)
-        c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
-        h = nn.sigmoid(o) * jnp.tanh(c)
-        return (c, h), h
-
-
-class _ResettingLSTMStep(nn.Module):
-    """One time step; zeroes the carry of envs whose `first` flag is set."""
-
-    hidden_size: int
-
-    @nn.compact
-    def __call__(self, carry: Carry, inputs: tuple[jax.Array, jax.Array]):
-        x, first = inputs  # [B, F], [B] bool
-        keep = 1.0 - first.astype(x.dtype)[:, None]
-        carry = jax.tree.map(lambda state: state * keep, carry)
-        return LSTMCell(self.hidden_size, name="cell")(carry, x)
-
-
-_ScannedLSTM = nn.scan(
-    _ResettingLSTMStep,
-    variable_broadcast="params",
-    split_rngs={"params": False},
-    in_axes=0,
-    out_axes=0,
-)
-
+from seedq.agents.networks import Carry, DuelingHead, ScannedLSTM, make_torso
 
 class RecurrentQNetwork(nn.Module):
     """(obs [T, B, *obs], first [T, B], carry) -> (Q [T, B, A], carry after step T-1)."""
@@ -80,7 +40,7 @@ class RecurrentQNetwork(nn.Module):
         T, B = obs.shape[:2]
         x = make_torso(self.torso, self.hidden_sizes)(obs.reshape(T * B, *obs.shape[2:]))
         if self.use_lstm:
-            carry, y = _ScannedLSTM(self.lstm_size, name="lstm")(
+            carry, y = ScannedLSTM(self.lstm_size, name="lstm")(
                 carry, (x.reshape(T, B, -1), first)
             )
             y = y.reshape(T * B, -1)

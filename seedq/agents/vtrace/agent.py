@@ -25,8 +25,10 @@ import optax
 
 from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
-from seedq.agents.networks import ActorCritic  # moved to networks.py; re-exported here
+from seedq.agents.frames import frame_stacker
+from seedq.agents.networks import resolve_network
 from seedq.agents.vtrace import losses
+from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
 from seedq.config import VTraceConfig
 from seedq.wire.codec import EnvSpec
 
@@ -37,24 +39,42 @@ class LearnerState(NamedTuple):
     step: jax.Array
 
 
-def _flatten_obs(obs: jax.Array, leading: int) -> jax.Array:
-    """[*lead, *obs_shape] -> [*lead, D] float32."""
-    return obs.reshape(obs.shape[:leading] + (-1,)).astype(jnp.float32)
-
-
 class VTraceAgent:
-    """Plugs V-trace into the learner through `seedq.agents.base.Agent`."""
+    """Plugs V-trace into the learner through `seedq.agents.base.Agent`.
 
-    def __init__(self, spec: EnvSpec, config: VTraceConfig, precision: str = "fp32"):
+    Core (per-env recurrent) state, kept by the server and stored once per
+    unroll as `core/<name>`: the last K-1 frames for pixel envs (frame stacking
+    on the learner, `seedq.agents.frames`) and the LSTM's (c, h) with
+    `use_lstm`; empty for an MLP on vectors.
+    """
+
+    def __init__(self, spec: EnvSpec, config: VTraceConfig, precision: str = "fp32",
+                 frame_stack: int = 4):
         if precision not in quant.PRECISIONS:
             raise ValueError(f"precision={precision!r}: choose one of {', '.join(quant.PRECISIONS)}")
-        if not spec.discrete:
+        if spec.discrete:
+            self.policy = Categorical(spec.num_actions)
+        elif len(spec.action_shape) == 1:
+            self.policy = DiagonalGaussian(spec.action_shape[0])
+        else:
             raise ValueError(
-                f"the vtrace agent needs a Discrete action space; this env has {spec.action_text()}"
+                f"the vtrace agent needs a Discrete or a 1-d Box action space; this env has "
+                f"{spec.action_text()}"
             )
         self.spec = spec
         self.config = config
-        self.network = ActorCritic(spec.num_actions, tuple(config.hidden_sizes))
+        self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
+        self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
+        self.network_name = resolve_network(config.network, pixels=len(self.obs_shape) == 3)
+        self.network = PolicyValueNetwork(
+            torso=self.network_name,
+            num_outputs=spec.num_actions if spec.discrete else spec.action_shape[0],
+            continuous=not spec.discrete,
+            hidden_sizes=tuple(config.hidden_sizes),
+            use_lstm=config.use_lstm,
+            lstm_size=config.lstm_size,
+            initial_log_std=config.initial_log_std,
+        )
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=config.adam_eps),
@@ -62,9 +82,12 @@ class VTraceAgent:
         # Inference precision (training stays fp32): which layers the server
         # runs in int8, and the jitted fp32 -> published conversion.
         self.precision = precision
-        dummy = jnp.zeros((1, int(np.prod(spec.obs_shape))), jnp.float32)
-        layers = quant.quantizable_paths(quant.find_layers(self.network, dummy))
+        layers = quant.quantizable_paths(quant.find_layers(self.network, *self._example_inputs()))
         self._publish = jax.jit(lambda params: quant.publish(params, precision, layers))
+
+    def _example_inputs(self):
+        obs = jnp.zeros((1, 1, *self.obs_shape), self.spec.obs_dtype)
+        return obs, jnp.ones((1, 1), bool), self.network.initial_carry(1)
 
     # --- acting (inference server) ---
 
@@ -73,10 +96,15 @@ class VTraceAgent:
         return SequenceSpec(length=self.config.unroll_length + 1, overlap=1)
 
     def act_outputs(self) -> dict[str, StepFieldSpec]:
-        return {"logits": StepFieldSpec((self.spec.num_actions,), np.float32)}
+        """The behaviour policy's distribution parameters, recorded per step."""
+        return self.policy.fields()
 
     def initial_core_state(self, n: int) -> dict[str, np.ndarray]:
-        return {}  # feed-forward
+        core = self.frames.initial_core_state(n) if self.frames else {}
+        if self.config.use_lstm:
+            zeros = np.zeros((n, self.config.lstm_size), np.float32)
+            core.update(lstm_c=zeros, lstm_h=zeros.copy())
+        return core
 
     def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         return {}
@@ -85,8 +113,7 @@ class VTraceAgent:
         return FifoBatches(queue, self.config.batch_size)
 
     def init(self, rng: jax.Array) -> LearnerState:
-        dummy = jnp.zeros((1, int(np.prod(self.spec.obs_shape))), jnp.float32)
-        params = self.network.init(rng, dummy)
+        params = self.network.init(rng, *self._example_inputs())
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
@@ -96,25 +123,42 @@ class VTraceAgent:
         return self._publish(state.params)
 
     def act(self, params, rng, obs, first, core_state, inputs):
-        """obs [N, *obs_shape] -> (actions int32 [N], {"logits": [N, A]}, {}, new rng)."""
-        del first, inputs  # feed-forward policy: episode starts need no state reset
+        """(obs [N, *obs_shape], first [N], core {k: [N, ...]}) -> (actions [N, ...],
+        distribution params {k: [N, ...]}, new core, new rng)."""
+        del inputs
+        net_obs, core_state = self.frames.act(core_state, obs, first) if self.frames else (obs, core_state)
+        carry = (core_state["lstm_c"], core_state["lstm_h"]) if self.config.use_lstm else None
+        dist, _, carry = quant.apply(
+            self.network, params, self.precision, net_obs[None], first[None], carry
+        )
+        dist = {k: v[0].astype(jnp.float32) for k, v in dist.items()}
+        if self.config.use_lstm:
+            core_state = {**core_state, "lstm_c": carry[0], "lstm_h": carry[1]}
         rng, sample_rng = jax.random.split(rng)
-        logits, _ = quant.apply(self.network, params, self.precision, _flatten_obs(obs, 1))
-        actions = jax.random.categorical(sample_rng, logits).astype(jnp.int32)
-        return actions, {"logits": logits}, core_state, rng
+        return self.policy.sample(sample_rng, dist), dist, core_state, rng
 
     def greedy_actions(self, outputs: dict[str, jax.Array]) -> jax.Array:
-        """The greedy policy (evaluation): the most likely action under `act`'s logits."""
-        return jnp.argmax(outputs["logits"], axis=-1).astype(jnp.int32)
+        """The greedy policy (evaluation): the most likely action (the Gaussian's mean)."""
+        return self.policy.mode(outputs)
 
     # --- learning ---
+
+    def _unroll_network(self, params, batch: dict[str, jax.Array]):
+        """Distribution params {k: [T+1, B, ...]} and values [T+1, B] along batch-major unrolls."""
+        obs = self.frames.unroll(batch) if self.frames else batch["obs"]
+        carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
+        dist, values, _ = self.network.apply(
+            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry
+        )
+        return dist, values
 
     def loss(self, params, batch: dict[str, jax.Array]):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...]."""
         cfg = self.config
-        tm = {k: jnp.swapaxes(v, 0, 1) for k, v in batch.items()}  # time-major [T+1, B, ...]
-        chex.assert_rank([tm["reward"], tm["action"]], 2)
-        logits, values = self.network.apply(params, _flatten_obs(tm["obs"], 2))
+        tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
+        tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
+        chex.assert_rank(tm["reward"], 2)
+        dist, values = self._unroll_network(params, batch)
 
         actions = tm["action"][:-1]
         rewards = tm["reward"][1:]
@@ -124,9 +168,13 @@ class VTraceAgent:
         # x_t was a final observation: the env reset instead of taking a_t.
         valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1]).astype(jnp.float32)
 
-        target_logp = losses.categorical_log_prob(logits[:-1], actions)
-        behaviour_logp = losses.categorical_log_prob(tm["logits"][:-1], actions)
-        rhos = jnp.exp(target_logp - behaviour_logp) * valid
+        target_dist = {k: v[:-1] for k, v in dist.items()}
+        behaviour_dist = {k: tm[k][:-1] for k in self.policy.fields()}
+        target_logp = self.policy.log_prob(target_dist, actions)
+        behaviour_logp = self.policy.log_prob(behaviour_dist, actions)
+        # Masked steps get rho = 0: no TD error, trace or policy gradient there
+        # (and a clipped log-ratio keeps exp() finite for far-off Gaussian samples).
+        rhos = jnp.exp(jnp.minimum(target_logp - behaviour_logp, 20.0)) * valid
 
         vt = losses.vtrace(
             v_tm1=values[:-1],
@@ -138,9 +186,9 @@ class VTraceAgent:
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
-        pg_loss = losses.policy_gradient_loss(logits[:-1], actions, vt.pg_advantages, valid)
+        pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, vt.pg_advantages, valid)
         baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
-        entropy_loss = losses.entropy_loss(logits[:-1], valid)
+        entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
         total = pg_loss + cfg.baseline_cost * baseline_loss + cfg.entropy_cost * entropy_loss
         metrics = {
             "loss/total": total,

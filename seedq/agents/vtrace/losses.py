@@ -155,7 +155,7 @@ def policy_gradient_loss(
     advantages: Array,
     mask: Array,
 ) -> Array:
-    """Policy-gradient loss: -sum(mask * log pi(a|x) * advantages) / (T*B).
+    """Policy-gradient loss of a softmax policy: -sum(mask * log pi(a|x) * advantages) / (T*B).
 
     Args:
       logits: policy logits, [T, B, A].
@@ -168,9 +168,49 @@ def policy_gradient_loss(
     """
     chex.assert_rank([logits, actions, advantages, mask], [3, 2, 2, 2])
     chex.assert_equal_shape([actions, advantages, mask])
-    log_pi_a = categorical_log_prob(logits, actions)
+    return policy_gradient_loss_from_log_probs(categorical_log_prob(logits, actions), advantages, mask)
+
+
+def policy_gradient_loss_from_log_probs(log_pi_a: Array, advantages: Array, mask: Array) -> Array:
+    """-sum(mask * log_pi_a * advantages) / (T*B), for any policy distribution.
+
+    Args:
+      log_pi_a: log pi(a_s|x_s) of the actions taken, [T, B].
+      advantages: [T, B].
+      mask: [T, B].
+
+    Returns:
+      scalar loss.
+    """
+    chex.assert_rank([log_pi_a, advantages, mask], 2)
+    chex.assert_equal_shape([log_pi_a, advantages, mask])
     # Advantages weight the score function; they are not something to fit.
     return -_masked_mean(log_pi_a * jax.lax.stop_gradient(advantages), mask)
+
+
+def gaussian_log_prob(mean: Array, log_std: Array, actions: Array) -> Array:
+    """log N(a; mean, diag(exp(log_std)^2)), summed over the action dimensions.
+
+    Args:
+      mean, log_std, actions: [..., D].
+
+    Returns:
+      log-densities, [...].
+    """
+    chex.assert_equal_shape([mean, log_std, actions])
+    z = (actions - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2.0 * jnp.pi), axis=-1)
+
+
+def gaussian_entropy(log_std: Array) -> Array:
+    """Entropy of a diagonal Gaussian: sum_d (log_std_d + 0.5 log(2 pi e)); [..., D] -> [...]."""
+    return jnp.sum(log_std + 0.5 * jnp.log(2.0 * jnp.pi * jnp.e), axis=-1)
+
+
+def entropy_loss_from_entropy(entropy: Array, mask: Array) -> Array:
+    """-sum(mask * entropy) / (T*B): minimising it increases the policy's entropy; [T, B] -> scalar."""
+    chex.assert_rank([entropy, mask], 2)
+    return -_masked_mean(entropy, mask)
 
 
 def baseline_loss(values: Array, targets: Array, mask: Array) -> Array:

@@ -1,0 +1,123 @@
+"""V-trace's actor-critic network and its action distributions.
+
+`PolicyValueNetwork` maps time-major observations [T, B, *obs] (and episode
+start flags, and an LSTM carry when it has one) to the policy's distribution
+parameters and the value. One module serves acting (T = 1, N envs) and
+learning (T+1 steps of B unrolls): the torso and heads run on all T*B steps
+at once; only the optional LSTM is scanned over time.
+
+The distribution parameters are what the server records per step as the
+behaviour policy ("logits" for Discrete actions; "mean" and "log_std" for
+Box actions), so the learner recomputes behaviour log-probs with exactly the
+functions the target policy uses.
+
+Continuous actions use a *clipped* diagonal Gaussian: actions are sampled
+unbounded, their log-probabilities are those of the unbounded sample, and
+the environment clips them to its bounds (gymnasium's ClipAction in
+`seedq.envs`). Unlike tanh squashing this keeps the density exact and cheap;
+the cost is that the policy gets no gradient signal about the bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seedq.agents.base import StepFieldSpec
+from seedq.agents.networks import Carry, ScannedLSTM, make_torso
+from seedq.agents.vtrace import losses
+
+# log_std is clipped to this range in every use (keeps exp() sane early in training).
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class PolicyValueNetwork(nn.Module):
+    """(obs [T, B, *obs], first [T, B], carry | None) -> (dist params {k: [T, B, ...]}, value [T, B], carry)."""
+
+    torso: str
+    num_outputs: int  # Discrete: number of actions; Box: action dimensions
+    continuous: bool = False
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    use_lstm: bool = False
+    lstm_size: int = 256
+    initial_log_std: float = -0.5
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
+        T, B = obs.shape[:2]
+        # tanh MLPs (the CartPole defaults were tuned with them); ReLU CNNs.
+        x = make_torso(self.torso, self.hidden_sizes, nn.tanh)(obs.reshape(T * B, *obs.shape[2:]))
+        if self.use_lstm:
+            carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (x.reshape(T, B, -1), first))
+            x = y.reshape(T * B, -1)
+        policy = nn.Dense(
+            self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
+        )(x).reshape(T, B, self.num_outputs)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
+        value = value.reshape(T, B)
+        if not self.continuous:
+            return {"logits": policy}, value, carry
+        log_std = self.param(
+            "log_std", nn.initializers.constant(self.initial_log_std), (self.num_outputs,)
+        )
+        log_std = jnp.clip(log_std.astype(policy.dtype), LOG_STD_MIN, LOG_STD_MAX)
+        return {"mean": policy, "log_std": jnp.broadcast_to(log_std, policy.shape)}, value, carry
+
+    def initial_carry(self, batch_size: int) -> Optional[Carry]:
+        if not self.use_lstm:
+            return None
+        zeros = jnp.zeros((batch_size, self.lstm_size), jnp.float32)
+        return zeros, zeros
+
+
+class Categorical:
+    """Softmax policy over Discrete(num_actions); parameters {"logits": [..., A]}."""
+
+    def __init__(self, num_actions: int):
+        self.num_actions = num_actions
+
+    def fields(self) -> dict[str, StepFieldSpec]:
+        return {"logits": StepFieldSpec((self.num_actions,), np.float32)}
+
+    def sample(self, rng, dist) -> jax.Array:
+        return jax.random.categorical(rng, dist["logits"]).astype(jnp.int32)
+
+    def mode(self, dist) -> jax.Array:
+        return jnp.argmax(dist["logits"], axis=-1).astype(jnp.int32)
+
+    def log_prob(self, dist, actions) -> jax.Array:
+        return losses.categorical_log_prob(dist["logits"], actions)
+
+    def entropy(self, dist) -> jax.Array:
+        log_pi = jax.nn.log_softmax(dist["logits"], axis=-1)
+        pi = jnp.exp(log_pi)
+        # pi = 0 actions contribute 0 (not 0 * -inf).
+        return -jnp.sum(pi * jnp.where(pi > 0, log_pi, 0.0), axis=-1)
+
+
+class DiagonalGaussian:
+    """Clipped diagonal Gaussian over Box([D]); parameters {"mean", "log_std": [..., D]}."""
+
+    def __init__(self, action_dims: int):
+        self.action_dims = action_dims
+
+    def fields(self) -> dict[str, StepFieldSpec]:
+        shape = (self.action_dims,)
+        return {"mean": StepFieldSpec(shape, np.float32), "log_std": StepFieldSpec(shape, np.float32)}
+
+    def sample(self, rng, dist) -> jax.Array:
+        noise = jax.random.normal(rng, dist["mean"].shape, jnp.float32)
+        return (dist["mean"] + jnp.exp(dist["log_std"]) * noise).astype(jnp.float32)
+
+    def mode(self, dist) -> jax.Array:
+        return dist["mean"].astype(jnp.float32)
+
+    def log_prob(self, dist, actions) -> jax.Array:
+        return losses.gaussian_log_prob(dist["mean"], dist["log_std"], actions)
+
+    def entropy(self, dist) -> jax.Array:
+        return losses.gaussian_entropy(dist["log_std"])

@@ -1,0 +1,235 @@
+"""Environment ids, Atari preprocessing, learner-side frame stacking, and spec refusal."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from seedq.agents import frames as frames_lib
+from seedq.config import AtariConfig
+from seedq.envs import env_kind, env_spec, make_env, make_vector_env
+
+# Deterministic emulation: no sticky actions, no random no-op starts.
+EXACT = AtariConfig(noop_max=0, repeat_action_probability=0.0)
+
+
+def seedq(*args, timeout=300, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "seedq.cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+# --- environment ids ---------------------------------------------------------
+
+
+def test_env_kinds_and_specs():
+    assert env_kind("CartPole-v1") == "gym"
+    assert env_kind("ALE/Pong-v5") == "atari"
+    assert env_kind("dmc:cartpole-swingup") == "dmc"
+    pong = env_spec("ALE/Pong-v5")
+    assert (pong.obs_dtype, pong.obs_shape, pong.num_actions) == ("uint8", (84, 84), 6)
+    assert env_spec("ALE/Pong-v5", dataclasses.replace(EXACT, screen_size=64)).obs_shape == (64, 64)
+    assert env_spec("ALE/Pong-v5", dataclasses.replace(EXACT, full_action_space=True)).num_actions == 18
+    swingup = env_spec("dmc:cartpole-swingup")
+    assert (swingup.obs_dtype, swingup.obs_shape) == ("float32", (5,))
+    assert (swingup.action_shape, swingup.action_low, swingup.action_high) == ((1,), (-1.0,), (1.0,))
+    assert env_spec("dmc:walker-walk").obs_shape == (24,)
+
+
+@pytest.mark.parametrize("env_id, words", [
+    ("Nope-v9", "unknown environment id 'Nope-v9'"),
+    ("dmc:cartpole", "use dmc:<domain>-<task>"),
+    ("dmc:cartpole-nope", "unknown DeepMind Control task 'dmc:cartpole-nope' (tasks: cartpole-balance"),
+    ("factory:no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+    ("factory:json:nothing_here", "json has no callable 'nothing_here'"),
+    ("factory:json", "use factory:<module>:<function>"),
+])
+def test_bad_env_ids_are_clear_errors(env_id, words):
+    with pytest.raises(ValueError) as e:
+        env_spec(env_id)
+    assert words in str(e.value)
+
+
+def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
+    env = make_vector_env("dmc:cartpole-swingup", 2, seed=0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (2, 5) and obs.dtype == np.float32
+        for step in range(1000):
+            # Far out of bounds: the env clips instead of failing.
+            obs, reward, terminated, truncated, _ = env.step(np.full((2, 1), 5.0, np.float32))
+            assert not terminated.any()
+            assert truncated.all() == (step == 999)
+            assert np.all((0.0 <= reward) & (reward <= 1.0))
+    finally:
+        env.close()
+
+
+USER_ENV = textwrap.dedent('''
+    import gymnasium as gym
+    import numpy as np
+
+    class Corridor(gym.Env):
+        """Walk right (action 1) for 8 steps to earn 1; the observation is the position."""
+
+        observation_space = gym.spaces.Box(0.0, 8.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.position = 0
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            self.position = max(0, self.position + (1 if action == 1 else -1))
+            done = self.position == 8
+            return np.array([self.position], np.float32), float(done), done, False, {}
+
+    def make_corridor():
+        return gym.wrappers.TimeLimit(Corridor(), 50)
+''')
+
+
+def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
+    (tmp_path / "my_envs.py").write_text(USER_ENV)
+    import os
+
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    logdir = tmp_path / "run"
+    result = seedq(
+        "train", "--env", "factory:my_envs:make_corridor", "--max-frames", "3000",
+        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
+        "--logdir", str(logdir), "--quiet", env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["env"] == "factory:my_envs:make_corridor"
+    assert summary["frames"] >= 3000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+
+
+# --- Atari preprocessing ---------------------------------------------------------
+
+
+def _frames(atari: AtariConfig, actions) -> np.ndarray:
+    """Observations [len(actions) + 1, H, W] of one Pong env stepped with `actions`."""
+    env = make_vector_env("ALE/Pong-v5", 1, atari=atari)
+    try:
+        obs, _ = env.reset(seed=3)
+        out = [obs[0]]
+        for a in actions:
+            obs, *_ = env.step(np.array([a]))
+            out.append(obs[0])
+        return np.stack(out)
+    finally:
+        env.close()
+
+
+def test_action_repeat_advances_the_frame_by_frame_skip_emulator_frames():
+    steps = 60  # past Pong's serve, so the ball and paddles move
+    actions = np.random.default_rng(0).integers(0, 6, steps)
+    no_pool = dataclasses.replace(EXACT, max_pool=False)
+    skip4 = _frames(dataclasses.replace(no_pool, frame_skip=4), actions)
+    skip1 = _frames(dataclasses.replace(no_pool, frame_skip=1), np.repeat(actions, 4))
+    # One frame_skip=4 step is four emulator frames with the same action...
+    np.testing.assert_array_equal(skip4, skip1[::4])
+    # ...and the picture visibly moves between consecutive observations (the
+    # action repeat does not freeze the observed frame).
+    moved = [np.abs(skip4[i + 1].astype(int) - skip4[i]).sum() for i in range(len(actions))]
+    assert np.mean(np.asarray(moved) > 0) > 0.9
+
+
+def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
+    actions = np.random.default_rng(1).integers(0, 6, 60)
+    pooled = _frames(EXACT, actions).astype(int)
+    plain = _frames(dataclasses.replace(EXACT, max_pool=False), actions).astype(int)
+    differs = [(pooled[i] != plain[i]).any() for i in range(len(pooled))]
+    assert sum(differs) >= 10  # moving objects leave a trace in the pooled frame
+    # Resizing is a non-negative weighted average: max then resize >= resize (up to rounding).
+    assert (pooled >= plain - 1).all()
+
+
+# --- learner-side frame stacking --------------------------------------------------
+
+
+def _recorded_breakout(stack: int, steps: int):
+    """Actor-side stacks from gymnasium's FrameStackObservation and the matching single
+    frames with `first` flags, over several episodes (life loss ends an episode)."""
+    atari = dataclasses.replace(EXACT, terminal_on_life_loss=True)
+    env = gym.wrappers.FrameStackObservation(
+        make_env("ALE/Breakout-v5", atari), stack, padding_type="reset"
+    )
+    rng = np.random.default_rng(0)
+    stacks, first = [], []
+    obs, _ = env.reset(seed=0)
+    is_first = True
+    for _ in range(steps):
+        stacks.append(np.moveaxis(obs, 0, -1))  # [K, H, W] -> [H, W, K]
+        first.append(is_first)
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(0, 4)))
+        is_first = False
+        if terminated or truncated:
+            stacks.append(np.moveaxis(obs, 0, -1))  # the final observation
+            first.append(False)
+            obs, _ = env.reset()
+            is_first = True
+    env.close()
+    stacks, first = np.stack(stacks), np.asarray(first)
+    return stacks, stacks[..., -1], first
+
+
+def test_learner_side_stacking_equals_actor_side_stacking_across_episodes():
+    stack, unroll = 4, 11
+    expected, frames, first = _recorded_breakout(stack, steps=400)
+    assert first.sum() >= 3  # several episode boundaries are covered
+
+    # Acting: the server keeps the last K-1 frames as the env's core state.
+    stacker = frames_lib.FrameStacker(stack, frames.shape[1:])
+    core = stacker.initial_core_state(1)
+    act = jax.jit(stacker.act)
+    acted, initial = [], []
+    for t in range(len(frames)):
+        initial.append(core[frames_lib.CORE_KEY][0])
+        stacked, core = act(core, frames[t][None], first[t][None])
+        acted.append(np.asarray(stacked[0]))
+    np.testing.assert_array_equal(np.stack(acted), expected)
+
+    # Learning: unrolls of `unroll` steps overlapping by one, each with the
+    # core state its first step was acted from (as the unroll store keeps them).
+    starts = list(range(0, len(frames) - unroll + 1, unroll - 1))
+    batch = {
+        "obs": np.stack([frames[s:s + unroll] for s in starts]),
+        "first": np.stack([first[s:s + unroll] for s in starts]),
+        "core/" + frames_lib.CORE_KEY: np.stack([initial[s] for s in starts]),
+    }
+    rebuilt = np.asarray(jax.jit(stacker.unroll)(batch))
+    np.testing.assert_array_equal(rebuilt, np.stack([expected[s:s + unroll] for s in starts]))
+
+
+# --- spec refusal -----------------------------------------------------------------
+
+
+def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
+    from seedq.config import TrainConfig
+    from seedq.learner.learner import Learner
+
+    learner = Learner(
+        TrainConfig(env="ALE/Pong-v5", logdir=str(tmp_path)), f"unix:{tmp_path}/l.sock"
+    )
+    address = learner.start(train=False)
+    try:
+        result = seedq(
+            "actor", "--server", address, "--env", "ALE/Pong-v5", "--num-envs", "2",
+            "--atari.screen-size", "64", "--retry-max-seconds", "20", timeout=120,
+        )
+    finally:
+        learner.stop()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "handshake.observation.shape" in result.stdout
+    assert "actor sends [64, 64], learner expects [84, 84]" in result.stdout
