@@ -87,6 +87,10 @@ class VTraceConfig:
     max_grad_norm: float = 10.0
     # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.
     reward_clip: float = 0.0
+    # Rewards are multiplied by this (after clipping): keeps value targets, and
+    # so the value loss's share of the clipped gradient norm, moderate on
+    # dense-reward tasks (returns are reported unscaled).
+    reward_scale: float = 1.0
     # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
     # nature_cnn or impala_cnn.
     network: str = "auto"
@@ -97,6 +101,9 @@ class VTraceConfig:
     lstm_size: int = 256
     # Continuous actions: initial log standard deviation of the Gaussian policy.
     initial_log_std: float = -0.5
+    # false: the value head gets a torso of its own (common for continuous
+    # control), so value regression does not shape the policy's features.
+    shared_torso: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +264,8 @@ class TrainConfig:
                 raise ValueError(
                     f"{section}.network={network!r}: choose one of {', '.join(NETWORK_CHOICES)}"
                 )
+        if self.vtrace.use_lstm and not self.vtrace.shared_torso:
+            raise ValueError("vtrace.shared_torso=false needs vtrace.use_lstm=false (one LSTM state per env)")
         if self.agent == "r2d2":
             self._validate_r2d2()
         if self.checkpoints_to_keep <= 0:

@@ -233,3 +233,46 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "handshake.observation.shape" in result.stdout
     assert "actor sends [64, 64], learner expects [84, 84]" in result.stdout
+
+
+# --- end to end on Atari and DeepMind Control -------------------------------------
+
+
+@pytest.mark.parametrize("agent, extra", [
+    ("vtrace", []),
+    ("r2d2", ["--r2d2.min-replay-size", "4", "--r2d2.batch-size", "4", "--r2d2.burn-in", "4",
+              "--r2d2.trace-length", "8", "--r2d2.n-step", "3"]),
+])
+def test_pong_runs_end_to_end(tmp_path, agent, extra):
+    """Real ALE frames through actor processes, the server (frame stacking on the
+    learner), train steps on the Nature CNN, a checkpoint and a greedy evaluation."""
+    logdir = tmp_path / agent
+    result = seedq(
+        "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "2500",
+        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "8",
+        "--eval-episodes", "1", "--atari.max-episode-frames", "2000",
+        "--logdir", str(logdir), "--quiet", *extra, timeout=400,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["frames"] >= 2500 and summary["train_steps"] > 0
+    assert summary["stop_reason"] == "max_frames"
+    assert any((logdir / "checkpoints").iterdir())
+    # A truncated game (2000 emulator frames = 500 agent steps) scores in [-21, 21].
+    assert summary["eval"]["lengths"] == [500] and -21 <= summary["eval"]["mean"] <= 21
+    config = json.loads((logdir / "config.json").read_text())
+    assert config["frame_stack"] == 4 and config["atari"]["frame_skip"] == 4
+
+
+def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
+    logdir = tmp_path / "dmc"
+    result = seedq(
+        "train", "--env", "dmc:cartpole-swingup", "--max-frames", "6000", "--target-return", "0",
+        "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "1",
+        "--logdir", str(logdir), "--quiet", timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["frames"] >= 6000 and summary["train_steps"] > 0
+    assert summary["episodes"] >= 4  # 1000-step episodes
+    assert summary["eval"]["lengths"] == [1000] and 0 <= summary["eval"]["mean"] <= 1000

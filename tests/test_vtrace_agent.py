@@ -62,9 +62,10 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (CARTPOLE, VTraceConfig(use_lstm=True, lstm_size=16)),
     (SWINGUP, VTraceConfig()),
     (SWINGUP, VTraceConfig(use_lstm=True, lstm_size=16)),
+    (SWINGUP, VTraceConfig(shared_torso=False)),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "frames", "frames-lstm"])
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "frames", "frames-lstm"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
     state = agent.init(jax.random.PRNGKey(1))
@@ -145,3 +146,28 @@ def test_unsupported_action_spaces_are_refused():
     with pytest.raises(ValueError, match="Discrete or a 1-d Box"):
         VTraceAgent(EnvSpec("float32", (3,), action_shape=(2, 2), action_low=(0.0,) * 4,
                             action_high=(1.0,) * 4), VTraceConfig())
+
+
+def test_server_clips_training_rewards_but_books_unclipped_returns():
+    from seedq.server.env_table import EnvTable, EpisodeLog
+    from seedq.server.inference import InferenceServer, _Request
+    from seedq.server.unrolls import UnrollQueue
+    from seedq.wire import codec
+
+    agent = VTraceAgent(CARTPOLE, VTraceConfig(unroll_length=3))
+    episodes = EpisodeLog()
+    server = InferenceServer(
+        agent, CARTPOLE, EnvTable(episodes), UnrollQueue(16), max_batch_size=8,
+        batch_timeout_ms=0, rng=jax.random.PRNGKey(0), reward_clip=1.0,
+    )
+    server.publish(agent.init(jax.random.PRNGKey(0)).params, 0)
+    entry, _ = server.connect("a", "run", 1)
+    rewards = [0.0, 5.0, -3.0, 0.5]  # the first arrives with the first observation
+    unrolls = None
+    for t, reward in enumerate(rewards):
+        done = np.array([t == len(rewards) - 1])
+        steps = codec.Steps(np.zeros(1, np.int32), np.array([reward], np.float32), done,
+                            np.zeros(1, bool), np.zeros((1, 4), np.float32))
+        unrolls = server._infer([_Request(entry, steps, None)])[2] or unrolls
+    np.testing.assert_array_equal(unrolls["reward"][0], [0.0, 1.0, -1.0, 0.5])
+    assert episodes.window()[0] == [2.5]  # 5 - 3 + 0.5, unclipped

@@ -220,14 +220,15 @@ def resolve_network(name: str, pixels: bool) -> str:
 
 def make_torso(
     name: str, mlp_hidden: Sequence[int] = (256, 256, 256),
-    mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu,
+    mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu, module_name: str | None = None,
 ) -> nn.Module:
+    """The torso called `name`; `module_name` names the flax submodule (default: automatic)."""
     if name == "mlp":
-        return MLPTorso(tuple(mlp_hidden), mlp_activation)
+        return MLPTorso(tuple(mlp_hidden), mlp_activation, name=module_name)
     if name == "nature_cnn":
-        return NatureCNN()
+        return NatureCNN(name=module_name)
     if name == "impala_cnn":
-        return ImpalaCNN()
+        return ImpalaCNN(name=module_name)
     raise ValueError(f"network {name!r}: choose one of {', '.join(NETWORKS)}")
 
 

@@ -74,6 +74,7 @@ class VTraceAgent:
             use_lstm=config.use_lstm,
             lstm_size=config.lstm_size,
             initial_log_std=config.initial_log_std,
+            shared_torso=config.shared_torso,
         )
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
@@ -164,6 +165,7 @@ class VTraceAgent:
         rewards = tm["reward"][1:]
         if cfg.reward_clip > 0:
             rewards = jnp.clip(rewards, -cfg.reward_clip, cfg.reward_clip)
+        rewards = rewards * cfg.reward_scale
         discounts = cfg.discount * (1.0 - tm["terminated"][1:].astype(jnp.float32))
         # x_t was a final observation: the env reset instead of taking a_t.
         valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1]).astype(jnp.float32)

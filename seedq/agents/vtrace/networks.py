@@ -45,19 +45,27 @@ class PolicyValueNetwork(nn.Module):
     use_lstm: bool = False
     lstm_size: int = 256
     initial_log_std: float = -0.5
+    # False: the value head gets a torso of its own, so value regression does
+    # not shape the policy's features (feed-forward networks only).
+    shared_torso: bool = True
 
     @nn.compact
     def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
         T, B = obs.shape[:2]
+        flat = obs.reshape(T * B, *obs.shape[2:])
         # tanh MLPs (the CartPole defaults were tuned with them); ReLU CNNs.
-        x = make_torso(self.torso, self.hidden_sizes, nn.tanh)(obs.reshape(T * B, *obs.shape[2:]))
+        x = make_torso(self.torso, self.hidden_sizes, nn.tanh)(flat)
         if self.use_lstm:
             carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (x.reshape(T, B, -1), first))
             x = y.reshape(T * B, -1)
+        if self.shared_torso:
+            value_x = x
+        else:  # feed-forward only (TrainConfig.validate)
+            value_x = make_torso(self.torso, self.hidden_sizes, nn.tanh, "value_torso")(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
         )(x).reshape(T, B, self.num_outputs)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(value_x)
         value = value.reshape(T, B)
         if not self.continuous:
             return {"logits": policy}, value, carry
