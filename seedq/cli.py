@@ -216,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
     actor.add_argument("--verbose", action="store_true")
-    # Atari preprocessing happens in the actor: the same flags as the learner's.
-    add_config_flags(actor, config_lib.AtariConfig, prefix="atari.")
+    # Env preprocessing happens in the actor: the same --atari.* / --dmc.* flags as the learner's.
+    add_config_flags(actor, config_lib.EnvOptions)
 
     ev = sub.add_parser(
         "eval",
@@ -344,8 +344,8 @@ def _eval(args: argparse.Namespace) -> int:
         config = loaded.config
         episodes = args.episodes if args.episodes is not None else (config.eval_episodes or 10)
         seed = args.seed if args.seed is not None else config.eval_seed
-        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed, config.atari)
-        video = evaluate.record_video(loaded.policy, config.env, args.video, seed, config.atari) if args.video else None
+        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
+        video = evaluate.record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
     except (ValueError, OSError, RuntimeError) as e:
         print(f"seedq eval: {e}", file=sys.stderr)
         return 1

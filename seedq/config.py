@@ -68,6 +68,24 @@ class AtariConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DmcConfig:
+    """DeepMind Control suite envs (dmc:<domain>-<task>)."""
+
+    # Each action is applied for this many control steps, their rewards summed
+    # (the usual DMC agent setting; episodes keep their 1000-step return scale).
+    action_repeat: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvOptions:
+    """Everything besides the id that decides what an env observes; the learner and
+    every actor must agree on it (TrainConfig.env_options)."""
+
+    atari: AtariConfig = AtariConfig()
+    dmc: DmcConfig = DmcConfig()
+
+
+@dataclasses.dataclass(frozen=True)
 class VTraceConfig:
     """IMPALA / V-trace hyperparameters."""
 
@@ -207,6 +225,7 @@ class TrainConfig:
     eval_seed: int = 1000
     server: ServerConfig = ServerConfig()
     atari: AtariConfig = AtariConfig()
+    dmc: DmcConfig = DmcConfig()
     vtrace: VTraceConfig = VTraceConfig()
     r2d2: R2D2Config = R2D2Config()
 
@@ -241,6 +260,7 @@ class TrainConfig:
             "atari.frame_skip": self.atari.frame_skip,
             "atari.screen_size": self.atari.screen_size,
             "atari.max_episode_frames": self.atari.max_episode_frames,
+            "dmc.action_repeat": self.dmc.action_repeat,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -312,6 +332,10 @@ class TrainConfig:
                 f"r2d2.eval_envs={r.eval_envs} must be < num_actors * envs_per_actor "
                 f"= {self.num_actors * self.envs_per_actor} (training envs are needed)"
             )
+
+    @property
+    def env_options(self) -> EnvOptions:
+        return EnvOptions(self.atari, self.dmc)
 
     def resolved(self) -> "TrainConfig":
         """Fills in defaults that depend on other fields (logdir)."""

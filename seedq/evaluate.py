@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq.config import AtariConfig, TrainConfig
+from seedq.config import EnvOptions, TrainConfig
 from seedq.envs import env_spec, make_env, make_vector_env
 from seedq.learner import checkpoint
 
@@ -113,12 +113,12 @@ class Policy:
 
 
 def evaluate(
-    policy: Policy, env_id: str, episodes: int, seed: int, atari: AtariConfig = AtariConfig()
+    policy: Policy, env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions()
 ) -> EvalResult:
     """Plays `episodes` episodes (one per env of a vector env) and returns their returns."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    env = make_vector_env(env_id, episodes, atari=atari)
+    env = make_vector_env(env_id, episodes, options=options)
     try:
         obs, _ = env.reset(seed=seed)
         rng, core, inputs = policy.start(episodes, seed)
@@ -143,17 +143,17 @@ def evaluate(
 
 
 def record_video(
-    policy: Policy, env_id: str, path: str, seed: int, atari: AtariConfig = AtariConfig()
+    policy: Policy, env_id: str, path: str, seed: int, options: EnvOptions = EnvOptions()
 ) -> dict:
     """Plays one episode rendered with render_mode="rgb_array" and writes it
     to `path` (.mp4 via ffmpeg, or .gif); returns {path, frames, return, fps}."""
     with warnings.catch_warnings():
         # imageio starts ffmpeg with fork+exec, which JAX warns about; the exec makes it safe.
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
-        return _record_video(policy, env_id, path, seed, atari)
+        return _record_video(policy, env_id, path, seed, options)
 
 
-def _record_video(policy: Policy, env_id: str, path: str, seed: int, atari: AtariConfig) -> dict:
+def _record_video(policy: Policy, env_id: str, path: str, seed: int, options: EnvOptions) -> dict:
     import imageio.v2 as imageio
 
     ext = os.path.splitext(path)[1].lower()
@@ -162,7 +162,7 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int, atari: Atar
     # Off-screen rendering: no display or sound device needed (pygame-based envs).
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    env = make_env(env_id, atari, render_mode="rgb_array")
+    env = make_env(env_id, options, render_mode="rgb_array")
     fps = float(env.metadata.get("render_fps") or 30)
     stride = max(1, math.ceil(fps / GIF_MAX_FPS)) if ext == ".gif" else 1
     frames: list[np.ndarray] = []
@@ -241,7 +241,7 @@ def load_policy(
     overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
     config = dataclasses.replace(config, **overrides)
     config.validate()
-    spec = env_spec(config.env, config.atari)
+    spec = env_spec(config.env, config.env_options)
     agent = make_agent(config, spec)
     like_state = jax.jit(agent.init)(jax.random.PRNGKey(0))
     snapshot, step_dir = checkpoint.restore(

@@ -45,12 +45,14 @@ def actor_command(
         "--retry-max-seconds", "30",
         "--parent-pid", str(os.getpid()),
     ]
-    if env_kind(config.env) == "atari":
+    kind = env_kind(config.env)
+    if kind in ("atari", "dmc"):
         # Preprocessing runs in the actor: it must match the learner's spec.
-        for field in dataclasses.fields(config.atari):
-            value = getattr(config.atari, field.name)
+        section = getattr(config, kind)
+        for field in dataclasses.fields(section):
+            value = getattr(section, field.name)
             text = str(value).lower() if isinstance(value, bool) else str(value)
-            cmd += ["--atari." + field.name.replace("_", "-"), text]
+            cmd += [f"--{kind}." + field.name.replace("_", "-"), text]
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd
@@ -101,14 +103,14 @@ def train(
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
-    env_spec(config.env, config.atari)  # a bad env id fails here, before any process starts
+    env_spec(config.env, config.env_options)  # a bad env id fails here, before any process starts
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
         import jax
 
         from seedq.learner.learner import make_agent
 
-        agent = make_agent(config, env_spec(config.env, config.atari))
+        agent = make_agent(config, env_spec(config.env, config.env_options))
         checkpoint.check_compatible(
             resume,
             jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),

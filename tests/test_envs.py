@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from seedq.agents import frames as frames_lib
-from seedq.config import AtariConfig
+from seedq.config import AtariConfig, DmcConfig, EnvOptions
 from seedq.envs import env_kind, env_spec, make_env, make_vector_env
 
 # Deterministic emulation: no sticky actions, no random no-op starts.
@@ -35,8 +35,8 @@ def test_env_kinds_and_specs():
     assert env_kind("dmc:cartpole-swingup") == "dmc"
     pong = env_spec("ALE/Pong-v5")
     assert (pong.obs_dtype, pong.obs_shape, pong.num_actions) == ("uint8", (84, 84), 6)
-    assert env_spec("ALE/Pong-v5", dataclasses.replace(EXACT, screen_size=64)).obs_shape == (64, 64)
-    assert env_spec("ALE/Pong-v5", dataclasses.replace(EXACT, full_action_space=True)).num_actions == 18
+    assert env_spec("ALE/Pong-v5", EnvOptions(dataclasses.replace(EXACT, screen_size=64))).obs_shape == (64, 64)
+    assert env_spec("ALE/Pong-v5", EnvOptions(dataclasses.replace(EXACT, full_action_space=True))).num_actions == 18
     swingup = env_spec("dmc:cartpole-swingup")
     assert (swingup.obs_dtype, swingup.obs_shape) == ("float32", (5,))
     assert (swingup.action_shape, swingup.action_low, swingup.action_high) == ((1,), (-1.0,), (1.0,))
@@ -70,6 +70,24 @@ def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
             assert np.all((0.0 <= reward) & (reward <= 1.0))
     finally:
         env.close()
+
+
+def test_dmc_action_repeat_sums_rewards_and_keeps_the_return_scale():
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (1000, 1)).astype(np.float32)
+    plain = make_env("dmc:cartpole-swingup")
+    repeated = make_env("dmc:cartpole-swingup", EnvOptions(dmc=DmcConfig(action_repeat=4)))
+    plain.reset(seed=5)
+    repeated.reset(seed=5)
+    for step in range(250):
+        expected = 0.0
+        for k in range(4):
+            obs, reward, terminated, truncated, _ = plain.step(actions[step])
+            expected += reward
+        got = repeated.step(actions[step])
+        np.testing.assert_allclose(got[0], obs, rtol=1e-6)
+        assert got[1] == pytest.approx(expected)
+        assert got[3] == truncated == (step == 249)  # 1000 control steps = 250 agent steps
 
 
 USER_ENV = textwrap.dedent('''
@@ -119,7 +137,7 @@ def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
 
 def _frames(atari: AtariConfig, actions) -> np.ndarray:
     """Observations [len(actions) + 1, H, W] of one Pong env stepped with `actions`."""
-    env = make_vector_env("ALE/Pong-v5", 1, atari=atari)
+    env = make_vector_env("ALE/Pong-v5", 1, options=EnvOptions(atari=atari))
     try:
         obs, _ = env.reset(seed=3)
         out = [obs[0]]
@@ -163,7 +181,7 @@ def _recorded_breakout(stack: int, steps: int):
     frames with `first` flags, over several episodes (life loss ends an episode)."""
     atari = dataclasses.replace(EXACT, terminal_on_life_loss=True)
     env = gym.wrappers.FrameStackObservation(
-        make_env("ALE/Breakout-v5", atari), stack, padding_type="reset"
+        make_env("ALE/Breakout-v5", EnvOptions(atari)), stack, padding_type="reset"
     )
     rng = np.random.default_rng(0)
     stacks, first = [], []

@@ -24,7 +24,7 @@ import uuid
 import grpc
 import numpy as np
 
-from seedq.config import AtariConfig
+from seedq.config import EnvOptions
 from seedq.envs import make_vector_env
 from seedq.v1 import seed_pb2_grpc
 from seedq.wire import codec
@@ -140,14 +140,14 @@ async def run_actor(
     retry_max_seconds: float = 0.0,
     stats: ActorStats | None = None,
     stats_skip_seconds: float = 0.0,
-    atari: AtariConfig = AtariConfig(),
+    options: EnvOptions = EnvOptions(),
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
     `retry_max_seconds` > 0 gives up after that long without a connection.
     """
     stats = stats or ActorStats()
-    env = make_vector_env(env_id, num_envs, atari=atari)
+    env = make_vector_env(env_id, num_envs, options=options)
     spec = codec.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
     attempt = 0
@@ -223,7 +223,7 @@ def main(args) -> int:
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
             retry_max_seconds=args.retry_max_seconds, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds,
-            atari=config_from_args(args, AtariConfig, prefix="atari."),
+            options=config_from_args(args, EnvOptions),
         )
         if args.max_seconds:
             try:

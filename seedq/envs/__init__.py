@@ -34,7 +34,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from seedq.config import AtariConfig
+from seedq.config import AtariConfig, DmcConfig, EnvOptions
 from seedq.wire.codec import EnvSpec, spec_from_spaces
 
 # Registers seedq's own check environments (e.g. seedq/CartPoleNoVelocity-v1)
@@ -76,7 +76,7 @@ def _gym_spec(env_id: str):
 
 
 def make_env(
-    env_id: str, atari: AtariConfig = AtariConfig(), render_mode: str | None = None,
+    env_id: str, options: EnvOptions = EnvOptions(), render_mode: str | None = None,
     clip_actions: bool = True,
 ) -> gym.Env:
     """One env of `env_id`, observing exactly what an actor's vector env observes.
@@ -86,13 +86,13 @@ def make_env(
     """
     kind = env_kind(env_id)
     if kind == "dmc":
-        env = _make_dmc(env_id, render_mode)
+        env = _make_dmc(env_id, options.dmc, render_mode)
     elif kind == "factory":
         env = _factory(env_id)()
         if not isinstance(env, gym.Env):
             raise ValueError(f"{env_id}: the factory returned {type(env).__name__}, not a gymnasium Env")
     elif kind == "atari":
-        env = _make_atari_single(env_id, atari, render_mode)
+        env = _make_atari_single(env_id, options.atari, render_mode)
     else:
         try:
             env = gym.make(env_id, render_mode=render_mode)
@@ -104,7 +104,7 @@ def make_env(
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, seed: int | None = None, atari: AtariConfig = AtariConfig()
+    env_id: str, num_envs: int, seed: int | None = None, options: EnvOptions = EnvOptions()
 ) -> gym.vector.VectorEnv:
     """A gymnasium vector env of `num_envs` copies of `env_id` (next-step autoreset).
 
@@ -116,15 +116,15 @@ def make_vector_env(
     """
     kind = env_kind(env_id)
     if kind == "atari":
-        env = _make_atari_vector(env_id, num_envs, atari)
+        env = _make_atari_vector(env_id, num_envs, options.atari)
     elif kind in ("dmc", "factory"):
-        env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, atari) for _ in range(num_envs)])
+        env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, options) for _ in range(num_envs)])
     else:
         spec = _gym_spec(env_id)
         if spec.vector_entry_point is not None:
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
         else:
-            env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, atari) for _ in range(num_envs)])
+            env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, options) for _ in range(num_envs)])
     autoreset = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
     if autoreset != gym.vector.AutoresetMode.NEXT_STEP:
         env.close()
@@ -136,15 +136,15 @@ def make_vector_env(
     return env
 
 
-def env_spec(env_id: str, atari: AtariConfig = AtariConfig()) -> EnvSpec:
+def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:
     """The observation/action spec of one `env_id` env, as sent in the handshake."""
     if env_kind(env_id) == "atari":
-        env = _make_atari_vector(env_id, 1, atari)
+        env = _make_atari_vector(env_id, 1, options.atari)
         try:
             return spec_from_spaces(env.single_observation_space, env.single_action_space)
         finally:
             env.close()
-    env = make_env(env_id, atari, clip_actions=False)
+    env = make_env(env_id, options, clip_actions=False)
     try:
         return spec_from_spaces(env.observation_space, env.action_space)
     finally:
@@ -232,7 +232,7 @@ def _make_atari_single(env_id: str, atari: AtariConfig, render_mode: str | None)
 # --- DeepMind Control --------------------------------------------------------
 
 
-def _make_dmc(env_id: str, render_mode: str | None) -> gym.Env:
+def _make_dmc(env_id: str, dmc: DmcConfig, render_mode: str | None) -> gym.Env:
     name = env_id[len(DMC_PREFIX):]
     domain, sep, task = name.partition("-")
     if not sep or not domain or not task:
@@ -246,6 +246,8 @@ def _make_dmc(env_id: str, render_mode: str | None) -> gym.Env:
         known = ", ".join(f"{d}-{t}" for d, t in suite.ALL_TASKS if d == domain) or "none for this domain"
         raise ValueError(f"unknown DeepMind Control task {env_id!r} (tasks: {known})")
     env = DmControlCompatibilityV0(suite.load(domain, task), render_mode=render_mode)
+    if dmc.action_repeat > 1:
+        env = ActionRepeat(env, dmc.action_repeat)
     env = gym.wrappers.FlattenObservation(env)
     flat = env.observation_space
     return gym.wrappers.TransformObservation(
@@ -253,6 +255,25 @@ def _make_dmc(env_id: str, render_mode: str | None) -> gym.Env:
         lambda obs: obs.astype(np.float32),
         gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32),
     )
+
+
+class ActionRepeat(gym.Wrapper):
+    """Applies each action `repeat` times and sums the rewards, stopping at an
+    episode end. Hand-written: gymnasium's frame-skip wrappers are Atari-specific
+    (they max-pool image observations)."""
+
+    def __init__(self, env: gym.Env, repeat: int):
+        super().__init__(env)
+        self.repeat = repeat
+
+    def step(self, action):
+        total = 0.0
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
 
 
 # --- user factories ------------------------------------------------------------

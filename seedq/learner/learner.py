@@ -52,7 +52,7 @@ class Learner:
         self.requested_address = address
         jax_setup.configure()
         self.address: str | None = None
-        self.spec = env_spec(config.env, config.atari)
+        self.spec = env_spec(config.env, config.env_options)
         self.agent = make_agent(config, self.spec)
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)

@@ -190,7 +190,7 @@ class RunReporter:
         self._eval_policy.params = params
         return evaluate(
             self._eval_policy, self.config.env, self.config.eval_episodes, self.config.eval_seed,
-            self.config.atari,
+            self.config.env_options,
         )
 
     def _write_eval(self, d: dict, step: int) -> None:

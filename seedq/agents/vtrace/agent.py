@@ -75,6 +75,8 @@ class VTraceAgent:
             lstm_size=config.lstm_size,
             initial_log_std=config.initial_log_std,
             shared_torso=config.shared_torso,
+            action_low=tuple(spec.action_low),
+            action_high=tuple(spec.action_high),
         )
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),

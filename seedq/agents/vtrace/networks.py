@@ -14,8 +14,12 @@ functions the target policy uses.
 Continuous actions use a *clipped* diagonal Gaussian: actions are sampled
 unbounded, their log-probabilities are those of the unbounded sample, and
 the environment clips them to its bounds (gymnasium's ClipAction in
-`seedq.envs`). Unlike tanh squashing this keeps the density exact and cheap;
-the cost is that the policy gets no gradient signal about the bounds.
+`seedq.envs`). Unlike squashing the samples this keeps the density exact
+and cheap. The Gaussian's *mean* is squashed into the bounds (tanh, scaled
+to [low, high] where the bounds are finite): an unbounded mean drifts far
+outside them, where every clipped action is the same and the policy
+gradient carries no information (measured on dmc:cartpole-swingup: means
+of +-8 on a [-1, 1] action and a collapsed return).
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class PolicyValueNetwork(nn.Module):
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
+    # Box actions: finite bounds squash the mean into [low, high] (see module docstring).
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
 
     @nn.compact
     def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
@@ -73,6 +80,12 @@ class PolicyValueNetwork(nn.Module):
             "log_std", nn.initializers.constant(self.initial_log_std), (self.num_outputs,)
         )
         log_std = jnp.clip(log_std.astype(policy.dtype), LOG_STD_MIN, LOG_STD_MAX)
+        if self.action_low:
+            low, high = np.asarray(self.action_low), np.asarray(self.action_high)
+            bounded = np.isfinite(low) & np.isfinite(high)
+            center = np.where(bounded, (low + high) / 2, 0.0).astype(np.float32)
+            half = np.where(bounded, (high - low) / 2, 1.0).astype(np.float32)
+            policy = jnp.where(bounded, center + half * jnp.tanh(policy), policy)
         return {"mean": policy, "log_std": jnp.broadcast_to(log_std, policy.shape)}, value, carry
 
     def initial_carry(self, batch_size: int) -> Optional[Carry]:
