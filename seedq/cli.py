@@ -170,6 +170,30 @@ def _add_run_command(sub, name: str, *, summary: str, description: str, resume_n
     return parser
 
 
+def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
+    """Flags shared by `seedq actor` and `seedq impala-actor`."""
+    actor.add_argument("--server", required=True, help="learner address: unix:/path.sock or host:port")
+    actor.add_argument("--env", required=True, help="gymnasium environment id")
+    actor.add_argument("--num-envs", type=int, default=32, help="envs stepped as one vector")
+    actor.add_argument("--actor-id", default="", help="stable actor name (default: host-pid)")
+    actor.add_argument("--seed", type=int, default=0)
+    actor.add_argument("--max-seconds", type=float, default=0.0, help="stop after this long (0: never)")
+    actor.add_argument(
+        "--retry-max-seconds", type=float, default=0.0,
+        help="give up after this long without a learner (0: retry forever)",
+    )
+    actor.add_argument("--stats-file", default="", help="write actor statistics (JSON) here at exit")
+    actor.add_argument(
+        "--stats-skip-seconds", type=float, default=0.0,
+        help="leave the first seconds after connecting out of the latency statistics (warm-up)",
+    )
+    actor.add_argument(
+        "--parent-pid", type=int, default=0,
+        help="exit when this process (the local learner that started us) dies; Linux only",
+    )
+    actor.add_argument("--verbose", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="seedq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,26 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     learner.add_argument("--quiet", action="store_true", help="no progress lines")
 
     actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
-    actor.add_argument("--server", required=True, help="learner address: unix:/path.sock or host:port")
-    actor.add_argument("--env", required=True, help="gymnasium environment id")
-    actor.add_argument("--num-envs", type=int, default=32, help="envs stepped as one vector")
-    actor.add_argument("--actor-id", default="", help="stable actor name (default: host-pid)")
-    actor.add_argument("--seed", type=int, default=0)
-    actor.add_argument("--max-seconds", type=float, default=0.0, help="stop after this long (0: never)")
-    actor.add_argument(
-        "--retry-max-seconds", type=float, default=0.0,
-        help="give up after this long without a learner (0: retry forever)",
+    _add_actor_flags(actor)
+    impala = sub.add_parser(
+        "impala-actor",
+        help="run one IMPALA actor (local policy copy, pulls parameters, pushes unrolls) "
+        "against a learner started with --architecture impala",
+        description="Run one IMPALA actor: JAX on the CPU, a local copy of the policy pulled from "
+        "the learner every param_pull_every unrolls (fp32 or int8, the learner's actor_precision), "
+        "whole unrolls pushed to the learner. Hyperparameters come from the learner.",
     )
-    actor.add_argument("--stats-file", default="", help="write actor statistics (JSON) here at exit")
-    actor.add_argument(
-        "--stats-skip-seconds", type=float, default=0.0,
-        help="leave the first seconds after connecting out of the latency statistics (warm-up)",
-    )
-    actor.add_argument(
-        "--parent-pid", type=int, default=0,
-        help="exit when this process (the local learner that started us) dies; Linux only",
-    )
-    actor.add_argument("--verbose", action="store_true")
+    _add_actor_flags(impala)
 
     ev = sub.add_parser(
         "eval",
@@ -372,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         from seedq.actor import seed_actor
 
         return seed_actor.main(args)
+    if args.command == "impala-actor":
+        from seedq.actor import impala_actor
+
+        return impala_actor.main(args)
 
     if args.command == "eval":
         return _eval(args)

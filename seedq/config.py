@@ -20,8 +20,10 @@ import typing
 from typing import Any
 
 AGENTS = ("vtrace", "r2d2")
-ARCHITECTURES = ("seed",)
+ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
+# IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
+ACTOR_PRECISIONS = ("fp32", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +157,12 @@ class TrainConfig:
     eval_every_seconds: float = 0.0
     # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
     eval_seed: int = 1000
+    # IMPALA mode (architecture=impala): each actor pulls the policy parameters
+    # after every this many unrolls (all of an actor's envs finish one together).
+    param_pull_every: int = 1
+    # IMPALA mode: precision of the parameters actors pull and of their local
+    # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
+    actor_precision: str = "fp32"
     server: ServerConfig = ServerConfig()
     vtrace: VTraceConfig = VTraceConfig()
     r2d2: R2D2Config = R2D2Config()
@@ -171,6 +179,15 @@ class TrainConfig:
             raise ValueError(
                 f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}"
             )
+        if self.actor_precision not in ACTOR_PRECISIONS:
+            raise ValueError(
+                f"actor_precision={self.actor_precision!r}: choose one of {', '.join(ACTOR_PRECISIONS)}"
+            )
+        if self.architecture == "impala" and self.agent != "vtrace":
+            raise ValueError(
+                f"architecture='impala' needs agent='vtrace' (got agent={self.agent!r}): "
+                "IMPALA actors send on-policy unrolls for V-trace"
+            )
         if self.agent == "r2d2" and self.precision != "fp32":
             raise ValueError(
                 f"precision={self.precision!r}: the r2d2 agent serves fp32 only so far "
@@ -185,6 +202,7 @@ class TrainConfig:
             "vtrace.unroll_length": self.vtrace.unroll_length,
             "vtrace.batch_size": self.vtrace.batch_size,
             "vtrace.learning_rate": self.vtrace.learning_rate,
+            "param_pull_every": self.param_pull_every,
         }
         for name, value in positive.items():
             if value <= 0:
