@@ -223,6 +223,7 @@ async def serve_connection(
             stats.env_seconds += time.perf_counter() - stepping
             stats.frames += num_envs
             stats.steps += 1
+            stats.step_done()
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNIMPLEMENTED:
             raise FatalActorError(

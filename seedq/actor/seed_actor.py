@@ -35,6 +35,9 @@ log = logging.getLogger("seedq.actor")
 # started before their learner join within a second of it listening.
 MAX_BACKOFF_SECONDS = 1.0
 
+# Vector steps before the time split's steady-state window opens.
+WARM_STEPS = 50
+
 FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -65,6 +68,9 @@ class ActorStats:
     unroll_batches: int = 0
     # Serialized message bytes actually sent / received (seedq.wire.metered).
     bytes: ByteCounter = dataclasses.field(default_factory=ByteCounter)
+    # Counters at the WARM_STEPS-th vector step: `summary()["steady"]` is the
+    # rest of the run, without start-up (imports, connecting, compiling).
+    _mark: dict | None = None
     started: float = dataclasses.field(default_factory=time.perf_counter)
     # Round trips before this perf_counter() time are not recorded (warm-up).
     record_after: float = 0.0
@@ -79,10 +85,29 @@ class ActorStats:
         self._rtts[self.recorded % len(self._rtts)] = seconds
         self.recorded += 1
 
+    def counters(self) -> dict:
+        """The cumulative counters that `steady` reports as differences."""
+        return {
+            "frames": self.frames, "vector_steps": self.steps,
+            "seconds": time.perf_counter() - self.started, "cpu_seconds": sum(os.times()[:2]),
+            "env_seconds": self.env_seconds, "inference_seconds": self.inference_seconds,
+            "communication_seconds": self.communication_seconds, "pull_seconds": self.pull_seconds,
+            "load_seconds": self.load_seconds, "bytes_sent": self.bytes.sent,
+            "bytes_received": self.bytes.received,
+        }
+
+    def step_done(self) -> None:
+        """Call after every vector step: marks the end of the warm-up."""
+        if self._mark is None and self.steps >= WARM_STEPS:
+            self._mark = self.counters()
+
     def summary(self) -> dict:
         rtts = self._rtts[: min(self.recorded, len(self._rtts))]
         elapsed = time.perf_counter() - self.started
+        end = self.counters()
+        steady = {k: end[k] - self._mark[k] for k in end} if self._mark else None
         return {
+            "steady": steady,
             "frames": self.frames,
             "vector_steps": self.steps,
             "connections": self.connections,
@@ -151,6 +176,7 @@ async def _serve_one_connection(
             obs, rewards, terminated, truncated, _ = env.step(actions)
             stats.env_seconds += time.perf_counter() - decoded
             stats.frames += num_envs
+            stats.step_done()
     finally:
         call.cancel()
 
