@@ -139,6 +139,24 @@ def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = ""
     return dataclasses.replace(base, **overrides)
 
 
+def config_flags(config, cls=TrainConfig, prefix: str = "") -> list[str]:
+    """The flags that turn the default config into `config` (inverse of `config_from_args`)."""
+    flags = []
+    for field in dataclasses.fields(cls):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            flags += config_flags(value, type(value), prefix + field.name + ".")
+        elif value != field.default:
+            if isinstance(value, tuple):
+                text = ",".join(str(v) for v in value)
+            elif isinstance(value, bool):
+                text = str(value).lower()
+            else:
+                text = str(value)
+            flags += [_flag(prefix, field.name), text]
+    return flags
+
+
 def _resumed_config(args: argparse.Namespace) -> TrainConfig:
     """The saved config of the run in `--resume RUN_DIR` with the given flags applied."""
     import os
@@ -170,28 +188,8 @@ def _add_run_command(sub, name: str, *, summary: str, description: str, resume_n
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="seedq", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    train = _add_run_command(
-        sub, "train",
-        summary="train locally: learner + actor processes on this host",
-        description="Train locally: the learner plus `--num-actors` actor processes on this host.",
-    )
-    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    train.add_argument("--quiet", action="store_true", help="no progress lines")
-
-    learner = _add_run_command(
-        sub, "learner",
-        summary="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
-        description="Run only the learner; actors started elsewhere (`seedq actor`) connect to "
-        "--address. With --min-actors N training waits for N actors.",
-        resume_note="; running actors reconnect by themselves",
-    )
-    learner.add_argument("--quiet", action="store_true", help="no progress lines")
-
-    actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
+def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
+    """Flags shared by `seedq actor` and `seedq impala-actor`."""
     actor.add_argument("--server", required=True, help="learner address: unix:/path.sock or host:port")
     actor.add_argument(
         "--env", required=True,
@@ -219,6 +217,40 @@ def build_parser() -> argparse.ArgumentParser:
     # Env preprocessing happens in the actor: the same --atari.* / --dmc.* flags as the learner's.
     add_config_flags(actor, config_lib.EnvOptions)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="seedq", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = _add_run_command(
+        sub, "train",
+        summary="train locally: learner + actor processes on this host",
+        description="Train locally: the learner plus `--num-actors` actor processes on this host.",
+    )
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    learner = _add_run_command(
+        sub, "learner",
+        summary="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
+        description="Run only the learner; actors started elsewhere (`seedq actor`) connect to "
+        "--address. With --min-actors N training waits for N actors.",
+        resume_note="; running actors reconnect by themselves",
+    )
+    learner.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
+    _add_actor_flags(actor)
+    impala = sub.add_parser(
+        "impala-actor",
+        help="run one IMPALA actor (local policy copy, pulls parameters, pushes unrolls) "
+        "against a learner started with --architecture impala",
+        description="Run one IMPALA actor: JAX on the CPU, a local copy of the policy pulled from "
+        "the learner every param_pull_every unrolls (fp32 or int8, the learner's actor_precision), "
+        "whole unrolls pushed to the learner. Hyperparameters come from the learner.",
+    )
+    _add_actor_flags(impala)
+
     ev = sub.add_parser(
         "eval",
         help="evaluate a checkpointed policy: mean/std/min/max return over N episodes",
@@ -242,6 +274,28 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--video", default="", metavar="OUT.mp4|OUT.gif",
                     help="also render one episode (seed SEED) with rgb_array and write it here")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
+
+    compare = sub.add_parser(
+        "compare",
+        help="IMPALA vs SEED and int8 vs fp32 actors: runs each configuration with identical "
+        "hyperparameters, writes results.csv, curves.csv and PNG plots",
+        description="Runs `seedq train` once per configuration and seed, one after another on this "
+        "machine, changing only the architecture / precision; every config flag applies to all "
+        "runs. Writes OUT/results.csv (one row per run; energy and CO2 columns are estimates from "
+        "CPU seconds), OUT/curves.csv, OUT/summary.md and PNG plots.",
+        formatter_class=_HelpFormatter,
+    )
+    add_config_flags(compare)
+    compare.add_argument("--configs", default="seed-fp32,seed-int8,impala-fp32,impala-int8",
+                         help="comma-separated: seed-fp32, seed-int8, impala-fp32, impala-int8")
+    compare.add_argument("--seeds", type=int, default=3, help="runs per configuration (seeds SEED, SEED+1, ...)")
+    compare.add_argument("--out", required=True, help="output directory")
+    compare.add_argument("--watts-per-core", type=float, default=10.0,
+                         help="energy estimate: assumed power of one fully busy core")
+    compare.add_argument("--grams-co2-per-kwh", type=float, default=475.0,
+                         help="carbon estimate: assumed grid intensity")
+    compare.add_argument("--plot-only", action="store_true",
+                         help="only redraw plots and summary.md from OUT/results.csv and OUT/curves.csv")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -368,6 +422,30 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from seedq.bench import compare
+
+    try:
+        if args.plot_only:
+            result = compare.report(args.out)
+        else:
+            if args.seeds <= 0:
+                raise ValueError(f"--seeds {args.seeds}: must be > 0")
+            base = config_from_args(args)
+            base.validate()
+            result = compare.run(
+                base, compare.parse_configs(args.configs), args.seeds, args.out,
+                watts_per_core=args.watts_per_core, grams_co2_per_kwh=args.grams_co2_per_kwh,
+                log=lambda line: print(line, flush=True),
+            )
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"seedq compare: {e}", file=sys.stderr)
+        return 1
+    print(result["table"])
+    print("plots: " + ", ".join(result["plots"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
@@ -378,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         from seedq.actor import seed_actor
 
         return seed_actor.main(args)
+    if args.command == "impala-actor":
+        from seedq.actor import impala_actor
+
+        return impala_actor.main(args)
 
     if args.command == "eval":
         return _eval(args)
@@ -413,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
         return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
+
+    if args.command == "compare":
+        return _compare(args)
 
     if args.command == "bench":
         if args.bench == "inference":

@@ -20,9 +20,11 @@ import typing
 from typing import Any
 
 AGENTS = ("vtrace", "r2d2")
-ARCHITECTURES = ("seed",)
+ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
 NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
+# IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
+ACTOR_PRECISIONS = ("fp32", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +225,12 @@ class TrainConfig:
     eval_every_seconds: float = 0.0
     # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
     eval_seed: int = 1000
+    # IMPALA mode (architecture=impala): each actor pulls the policy parameters
+    # after every this many unrolls (all of an actor's envs finish one together).
+    param_pull_every: int = 1
+    # IMPALA mode: precision of the parameters actors pull and of their local
+    # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
+    actor_precision: str = "fp32"
     server: ServerConfig = ServerConfig()
     atari: AtariConfig = AtariConfig()
     dmc: DmcConfig = DmcConfig()
@@ -240,6 +248,15 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(
                 f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
+        if self.actor_precision not in ACTOR_PRECISIONS:
+            raise ValueError(
+                f"actor_precision={self.actor_precision!r}: choose one of {', '.join(ACTOR_PRECISIONS)}"
+            )
+        if self.architecture == "impala" and self.agent != "vtrace":
+            raise ValueError(
+                f"architecture='impala' needs agent='vtrace' (got agent={self.agent!r}): "
+                "IMPALA actors send on-policy unrolls for V-trace"
             )
         if self.agent == "r2d2" and self.precision != "fp32":
             raise ValueError(
@@ -261,6 +278,7 @@ class TrainConfig:
             "atari.screen_size": self.atari.screen_size,
             "atari.max_episode_frames": self.atari.max_episode_frames,
             "dmc.action_repeat": self.dmc.action_repeat,
+            "param_pull_every": self.param_pull_every,
         }
         for name, value in positive.items():
             if value <= 0:

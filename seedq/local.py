@@ -32,8 +32,10 @@ def actor_command(
     address: str, config: TrainConfig, index: int, stats_file: str | None = None,
     stats_skip_seconds: float = 0.0,
 ) -> list[str]:
+    # IMPALA mode runs actors with a local policy copy; SEED actors hold no model.
+    command = "impala-actor" if config.architecture == "impala" else "actor"
     cmd = [
-        sys.executable, "-m", "seedq.cli", "actor",
+        sys.executable, "-m", "seedq.cli", command,
         "--server", address,
         "--env", config.env,
         "--num-envs", str(config.envs_per_actor),
@@ -120,7 +122,11 @@ def train(
     os.makedirs(config.logdir, exist_ok=True)
     address = config.address or default_address()
 
-    actors = spawn_actors(address, config) if with_actors else []
+    # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
+    stats_dir = os.path.join(config.logdir, "actors")
+    if with_actors:
+        os.makedirs(stats_dir, exist_ok=True)
+    actors = spawn_actors(address, config, stats_dir) if with_actors else []
     learner = None
     reporter = None
     stop_reason = "error"

@@ -257,7 +257,7 @@ def run_cli(args, capsys):
     "args, code, expected",
     [
         (["train", "--vtrace.learning-rat", "1"], 2, "did you mean --vtrace.learning-rate"),
-        (["train", "--no-such-flag", "1"], 2, "valid options: --address, --agent"),
+        (["train", "--no-such-flag", "1"], 2, "valid options: --actor-precision, --address, --agent"),
         (["train", "--vtrace.hidden-sizes", "a,b"], 2, "expected comma-separated ints"),
         (["train", "--eval-episodes", "many"], 2, "invalid int value: 'many'"),
         (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),

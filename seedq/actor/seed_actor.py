@@ -26,8 +26,8 @@ import numpy as np
 
 from seedq.config import EnvOptions
 from seedq.envs import make_vector_env
-from seedq.v1 import seed_pb2_grpc
 from seedq.wire import codec
+from seedq.wire.metered import ByteCounter, MeteredStub
 
 log = logging.getLogger("seedq.actor")
 
@@ -35,6 +35,9 @@ log = logging.getLogger("seedq.actor")
 # Reconnect delays double from 50 ms up to this cap: short enough that actors
 # started before their learner join within a second of it listening.
 MAX_BACKOFF_SECONDS = 1.0
+
+# Vector steps before the time split's steady-state window opens.
+WARM_STEPS = 50
 
 FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 
@@ -53,6 +56,22 @@ class ActorStats:
     connections: int = 0
     env_seconds: float = 0.0
     wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
+    # Time split (seconds). SEED: inference = awaiting the learner's answer
+    # (batching + inference + transport); communication = encoding, sending
+    # and decoding. IMPALA: inference = the local jitted policy; communication
+    # = encoding/sending unrolls and awaiting their acks (learner backpressure);
+    # pull = receiving parameters; load = deserializing them onto the device.
+    inference_seconds: float = 0.0
+    communication_seconds: float = 0.0
+    pull_seconds: float = 0.0
+    load_seconds: float = 0.0
+    pulls: int = 0
+    unroll_batches: int = 0
+    # Serialized message bytes actually sent / received (seedq.wire.metered).
+    bytes: ByteCounter = dataclasses.field(default_factory=ByteCounter)
+    # Counters at the WARM_STEPS-th vector step: `summary()["steady"]` is the
+    # rest of the run, without start-up (imports, connecting, compiling).
+    _mark: dict | None = None
     started: float = dataclasses.field(default_factory=time.perf_counter)
     # Round trips before this perf_counter() time are not recorded (warm-up).
     record_after: float = 0.0
@@ -67,10 +86,29 @@ class ActorStats:
         self._rtts[self.recorded % len(self._rtts)] = seconds
         self.recorded += 1
 
+    def counters(self) -> dict:
+        """The cumulative counters that `steady` reports as differences."""
+        return {
+            "frames": self.frames, "vector_steps": self.steps,
+            "seconds": time.perf_counter() - self.started, "cpu_seconds": sum(os.times()[:2]),
+            "env_seconds": self.env_seconds, "inference_seconds": self.inference_seconds,
+            "communication_seconds": self.communication_seconds, "pull_seconds": self.pull_seconds,
+            "load_seconds": self.load_seconds, "bytes_sent": self.bytes.sent,
+            "bytes_received": self.bytes.received,
+        }
+
+    def step_done(self) -> None:
+        """Call after every vector step: marks the end of the warm-up."""
+        if self._mark is None and self.steps >= WARM_STEPS:
+            self._mark = self.counters()
+
     def summary(self) -> dict:
         rtts = self._rtts[: min(self.recorded, len(self._rtts))]
         elapsed = time.perf_counter() - self.started
+        end = self.counters()
+        steady = {k: end[k] - self._mark[k] for k in end} if self._mark else None
         return {
+            "steady": steady,
             "frames": self.frames,
             "vector_steps": self.steps,
             "connections": self.connections,
@@ -80,6 +118,16 @@ class ActorStats:
             "wait_seconds": self.wait_seconds,
             "rtt_p50_ms": float(np.percentile(rtts, 50) * 1e3) if len(rtts) else None,
             "rtt_p99_ms": float(np.percentile(rtts, 99) * 1e3) if len(rtts) else None,
+            "inference_seconds": self.inference_seconds,
+            "communication_seconds": self.communication_seconds,
+            "pull_seconds": self.pull_seconds,
+            "load_seconds": self.load_seconds,
+            "pulls": self.pulls,
+            "unroll_batches": self.unroll_batches,
+            "bytes_sent": self.bytes.sent,
+            "bytes_received": self.bytes.received,
+            # CPU time of the whole actor process (all its threads), user + system.
+            "cpu_seconds": sum(os.times()[:2]),
         }
 
 
@@ -116,15 +164,20 @@ async def _serve_one_connection(
         while True:
             sent = time.perf_counter()
             await call.write(codec.encode_steps(indices, rewards, terminated, truncated, obs))
+            written = time.perf_counter()
             reply = await call.read()
             received = time.perf_counter()
             if reply is grpc.aio.EOF:
                 raise ConnectionError("learner closed the stream")
             actions = codec.decode_actions(reply, spec, num_envs)
+            decoded = time.perf_counter()
             stats.record_rtt(received - sent, received)
+            stats.inference_seconds += received - written
+            stats.communication_seconds += (written - sent) + (decoded - received)
             obs, rewards, terminated, truncated, _ = env.step(actions)
-            stats.env_seconds += time.perf_counter() - received
+            stats.env_seconds += time.perf_counter() - decoded
             stats.frames += num_envs
+            stats.step_done()
     finally:
         call.cancel()
 
@@ -141,11 +194,15 @@ async def run_actor(
     stats: ActorStats | None = None,
     stats_skip_seconds: float = 0.0,
     options: EnvOptions = EnvOptions(),
+    connection=None,
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
     `retry_max_seconds` > 0 gives up after that long without a connection.
+    `connection` serves one connection (default: the SEED stream; the IMPALA
+    actor passes its own) with the keyword arguments of `_serve_one_connection`.
     """
+    connection = connection or _serve_one_connection
     stats = stats or ActorStats()
     env = make_vector_env(env_id, num_envs, options=options)
     spec = codec.spec_from_spaces(env.single_observation_space, env.single_action_space)
@@ -153,13 +210,13 @@ async def run_actor(
     attempt = 0
     try:
         async with grpc.aio.insecure_channel(channel_target(address)) as channel:
-            stub = seed_pb2_grpc.LearnerStub(channel)
+            stub = MeteredStub(channel, stats.bytes)
             while True:
                 connections_before = stats.connections
                 try:
                     # A fresh episode seed per connection, so a restart does
                     # not replay the same episodes.
-                    await _serve_one_connection(
+                    await connection(
                         stub, env, spec, actor_id=actor_id, num_envs=num_envs,
                         env_id=env_id, seed=seed + 7919 * attempt, stats=stats,
                         skip_seconds=stats_skip_seconds,
@@ -203,8 +260,9 @@ def exit_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def main(args) -> int:
-    """Entry point of `seedq actor`; returns the process exit code."""
+def main(args, connection=None, prog: str = "seedq actor") -> int:
+    """Entry point of `seedq actor` (and, with its `connection`, of `seedq
+    impala-actor`); returns the process exit code."""
     from seedq.cli import config_from_args
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -222,7 +280,7 @@ def main(args) -> int:
         coro = run_actor(
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
             retry_max_seconds=args.retry_max_seconds, stats=stats,
-            stats_skip_seconds=args.stats_skip_seconds,
+            stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions),
         )
         if args.max_seconds:
@@ -241,10 +299,10 @@ def main(args) -> int:
     except KeyboardInterrupt:
         pass
     except FatalActorError as e:
-        print(f"seedq actor: {e}", flush=True)
+        print(f"{prog}: {e}", flush=True)
         code = 2
     except (ConnectionError, ValueError) as e:
-        print(f"seedq actor: {e}", flush=True)
+        print(f"{prog}: {e}", flush=True)
         code = 1
     if args.stats_file:
         tmp = args.stats_file + ".tmp"

@@ -11,6 +11,8 @@ Threads:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -19,6 +21,7 @@ import uuid
 import jax
 import numpy as np
 
+from seedq import config as config_lib
 from seedq import jax_setup
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
@@ -83,6 +86,8 @@ class Learner:
         self.publishes = 0
         self._lag_lock = threading.Lock()
         self._lag = [0.0, 0, 0]  # sum, count, max since the last take_lag_stats()
+        self.lag_total = [0.0, 0]  # sum, count over the whole run
+        self.params_publisher = None  # IMPALA mode: serialized parameters for actors
         self.waiting_for_actors = False
         self.last_metrics: dict | None = None
         self._metrics_pending = None
@@ -150,15 +155,30 @@ class Learner:
 
     # --- server thread ---
 
+    def _make_service(self) -> LearnerService:
+        """SEED mode: central inference; IMPALA mode: parameter pulls and unroll pushes."""
+        max_envs = self.config.server.max_envs_per_actor
+        if self.config.architecture != "impala":
+            return LearnerService(self.inference, self.learner_run, max_envs)
+        from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
+
+        # The agent as the actors run it: only its precision differs (ActorQ int8).
+        precision = self.config.actor_precision
+        actor_agent = make_agent(dataclasses.replace(self.config, precision=precision), self.spec)
+        self.params_publisher = ParamsPublisher(actor_agent, self.snapshot, precision)
+        return ImpalaLearnerService(
+            self.inference, self.learner_run, max_envs, publisher=self.params_publisher,
+            config_json=json.dumps(config_lib.to_dict(self.config)),
+            current_version=lambda: self.version,
+        )
+
     def _serve(self) -> None:
         asyncio.run(self._serve_async())
 
     async def _serve_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown_event = asyncio.Event()
-        service = LearnerService(
-            self.inference, self.learner_run, self.config.server.max_envs_per_actor
-        )
+        service = self._make_service()
         try:
             server, self.address = await start_server(service, self.requested_address)
         except BaseException as e:  # reported to start()
@@ -269,6 +289,14 @@ class Learner:
             self._lag[0] += float(lag.sum())
             self._lag[1] += lag.size
             self._lag[2] = max(self._lag[2], int(lag.max()))
+            self.lag_total[0] += float(lag.sum())
+            self.lag_total[1] += lag.size
+
+    def policy_lag_mean(self) -> float | None:
+        """Mean policy lag over every step trained on so far (summary.json)."""
+        with self._lag_lock:
+            total, count = self.lag_total
+        return total / count if count else None
 
     # --- reporting (caller's thread) ---
 

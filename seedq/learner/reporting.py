@@ -329,6 +329,8 @@ class RunReporter:
             "mean_inference_batch": learner.inference.stats.mean_batch_size(),
             "checkpoint": ckpt_dir,
             "policy_version": learner.version,
+            # Learner version minus behaviour version, per trained step (None: no training yet).
+            "policy_lag_mean": learner.policy_lag_mean() if hasattr(learner, "policy_lag_mean") else None,
             "segments": self.segment,
             "segment_seconds": time.monotonic() - self.started,
             "resumed_from": self.resumed_from,

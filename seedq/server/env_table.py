@@ -175,3 +175,9 @@ class EnvTable:
         if ended.any():
             self.episodes.add(ret[ended], length[ended], self.frames)
         return first
+
+    def book_episodes(self, frames: int, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Books steps an IMPALA actor took (and the episodes it ended) on its own."""
+        self.frames += int(frames)
+        if len(returns):
+            self.episodes.add(np.asarray(returns, np.float64), np.asarray(lengths, np.int64), self.frames)

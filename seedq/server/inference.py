@@ -102,6 +102,21 @@ class InferenceStats:
         return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
 
+def sequence_fields(agent, spec: EnvSpec) -> tuple[dict[str, StepFieldSpec], frozenset[str]]:
+    """(fields, initial_only) of the sequences the learner trains on.
+
+    Per-step fields (what the actor sent plus what `act` chose) and the
+    recurrent state at a sequence's first step, "core/<name>". IMPALA actors
+    build their unrolls from the same definition, so both architectures hand
+    the learner identical batches.
+    """
+    core = {
+        "core/" + k: StepFieldSpec(np.shape(v)[1:], np.asarray(v).dtype)
+        for k, v in agent.initial_core_state(1).items()
+    }
+    return {**InferenceServer._step_fields(agent, spec), **core}, frozenset(core)
+
+
 class InferenceServer:
     def __init__(
         self,
@@ -128,14 +143,9 @@ class InferenceServer:
         sequence = agent.sequence_spec()
         # Recurrent state per env slot, kept between steps (empty for MLPs).
         self._core = {k: np.asarray(v) for k, v in agent.initial_core_state(64).items()}
-        core_fields = {
-            "core/" + k: StepFieldSpec(v.shape[1:], v.dtype) for k, v in self._core.items()
-        }
+        fields, initial_only = sequence_fields(agent, spec)
         self.store = UnrollStore(
-            sequence.length,
-            {**self._step_fields(agent, spec), **core_fields},
-            overlap=sequence.overlap,
-            initial_only=frozenset(core_fields),
+            sequence.length, fields, overlap=sequence.overlap, initial_only=initial_only
         )
         self.stats = InferenceStats()
         self._rng = rng

@@ -95,3 +95,65 @@ class LearnerMessage(_message.Message):
     ack: HandshakeAck
     actions: ActionBatch
     def __init__(self, ack: _Optional[_Union[HandshakeAck, _Mapping]] = ..., actions: _Optional[_Union[ActionBatch, _Mapping]] = ...) -> None: ...
+
+class ParamsRequest(_message.Message):
+    __slots__ = ("actor_id", "have_version")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    have_version: int
+    def __init__(self, actor_id: _Optional[str] = ..., have_version: _Optional[int] = ...) -> None: ...
+
+class ParamsChunk(_message.Message):
+    __slots__ = ("policy_version", "precision", "total_bytes", "data")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    precision: str
+    total_bytes: int
+    data: bytes
+    def __init__(self, policy_version: _Optional[int] = ..., precision: _Optional[str] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class NamedArray(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UnrollBatch(_message.Message):
+    __slots__ = ("fields", "frames", "episode_returns", "episode_lengths")
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    fields: _containers.RepeatedCompositeFieldContainer[NamedArray]
+    frames: int
+    episode_returns: bytes
+    episode_lengths: bytes
+    def __init__(self, fields: _Optional[_Iterable[_Union[NamedArray, _Mapping]]] = ..., frames: _Optional[int] = ..., episode_returns: _Optional[bytes] = ..., episode_lengths: _Optional[bytes] = ...) -> None: ...
+
+class UnrollMessage(_message.Message):
+    __slots__ = ("handshake", "unrolls")
+    HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    UNROLLS_FIELD_NUMBER: _ClassVar[int]
+    handshake: Handshake
+    unrolls: UnrollBatch
+    def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., unrolls: _Optional[_Union[UnrollBatch, _Mapping]] = ...) -> None: ...
+
+class UnrollAck(_message.Message):
+    __slots__ = ("policy_version", "learner_run", "config_json")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_RUN_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    learner_run: str
+    config_json: str
+    def __init__(self, policy_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., config_json: _Optional[str] = ...) -> None: ...

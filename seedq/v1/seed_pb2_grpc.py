@@ -42,6 +42,16 @@ class LearnerStub:
                 request_serializer=seedq_dot_v1_dot_seed__pb2.ActorMessage.SerializeToString,
                 response_deserializer=seedq_dot_v1_dot_seed__pb2.LearnerMessage.FromString,
                 _registered_method=True)
+        self.PullParams = channel.unary_stream(
+                '/seedq.v1.Learner/PullParams',
+                request_serializer=seedq_dot_v1_dot_seed__pb2.ParamsRequest.SerializeToString,
+                response_deserializer=seedq_dot_v1_dot_seed__pb2.ParamsChunk.FromString,
+                _registered_method=True)
+        self.PushUnrolls = channel.stream_stream(
+                '/seedq.v1.Learner/PushUnrolls',
+                request_serializer=seedq_dot_v1_dot_seed__pb2.UnrollMessage.SerializeToString,
+                response_deserializer=seedq_dot_v1_dot_seed__pb2.UnrollAck.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -56,6 +66,25 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullParams(self, request, context):
+        """IMPALA mode (for comparisons): actors act with a local copy of the
+        policy and pull its parameters every K unrolls; the reply is one header
+        chunk followed by the serialized parameters in chunks (gRPC message limit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushUnrolls(self, request_iterator, context):
+        """IMPALA mode: the first message is a handshake (as in Stream), answered by
+        an UnrollAck carrying the learner's run config; each later UnrollBatch is
+        answered by one UnrollAck once its unrolls are queued for training (so a
+        full queue holds the actor back: backpressure).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +92,16 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.Stream,
                     request_deserializer=seedq_dot_v1_dot_seed__pb2.ActorMessage.FromString,
                     response_serializer=seedq_dot_v1_dot_seed__pb2.LearnerMessage.SerializeToString,
+            ),
+            'PullParams': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullParams,
+                    request_deserializer=seedq_dot_v1_dot_seed__pb2.ParamsRequest.FromString,
+                    response_serializer=seedq_dot_v1_dot_seed__pb2.ParamsChunk.SerializeToString,
+            ),
+            'PushUnrolls': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushUnrolls,
+                    request_deserializer=seedq_dot_v1_dot_seed__pb2.UnrollMessage.FromString,
+                    response_serializer=seedq_dot_v1_dot_seed__pb2.UnrollAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -95,6 +134,60 @@ class Learner:
             '/seedq.v1.Learner/Stream',
             seedq_dot_v1_dot_seed__pb2.ActorMessage.SerializeToString,
             seedq_dot_v1_dot_seed__pb2.LearnerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullParams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/seedq.v1.Learner/PullParams',
+            seedq_dot_v1_dot_seed__pb2.ParamsRequest.SerializeToString,
+            seedq_dot_v1_dot_seed__pb2.ParamsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushUnrolls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/seedq.v1.Learner/PushUnrolls',
+            seedq_dot_v1_dot_seed__pb2.UnrollMessage.SerializeToString,
+            seedq_dot_v1_dot_seed__pb2.UnrollAck.FromString,
             options,
             channel_credentials,
             insecure,

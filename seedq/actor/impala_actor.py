@@ -1,0 +1,245 @@
+"""IMPALA actor: acts with a local copy of the policy and streams whole unrolls.
+
+For the IMPALA-vs-SEED comparison (ARCHITECTURE.md section 2). The actor
+holds the agent's network (JAX on the CPU), pulls the parameters from the
+learner every `param_pull_every` unrolls (fp32, or int8 as in ActorQ), steps
+its vector env with its own jitted `agent.act`, and sends finished unrolls
+with their behaviour logits, policy versions and initial recurrent state.
+
+Unrolls are assembled by the very classes the SEED server uses (`EnvTable`
+for episode starts and bookkeeping, `UnrollStore` with its overlap), fed the
+same step stream the server would see, so the learner gets identical
+batches from both architectures. The run config (agent, hyperparameters,
+pull period, actor precision) comes from the learner in the handshake reply,
+so actor and learner cannot disagree on it.
+
+Connection handling (reconnect with backoff, fresh run id, stats file) is the
+SEED actor's (`seed_actor.run_actor`), with `serve_connection` plugged in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from seedq.actor.seed_actor import ActorStats, FatalActorError
+from seedq.v1 import seed_pb2
+from seedq.wire import codec, impala_codec
+
+log = logging.getLogger("seedq.actor")
+
+
+class _PendingEpisodes:
+    """Stands in for the learner's EpisodeLog: collects episodes until sent."""
+
+    def __init__(self):
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray, frames: int) -> None:
+        self.returns.extend(returns.tolist())
+        self.lengths.extend(lengths.tolist())
+
+    def take(self) -> tuple[list[float], list[int]]:
+        out = (self.returns, self.lengths)
+        self.returns, self.lengths = [], []
+        return out
+
+
+class UnrollBuilder:
+    """Local acting plus unroll assembly for one actor's N envs.
+
+    `step(params, version, obs [N, ...], rewards [N], terminated [N],
+    truncated [N])` -> (actions [N, ...], finished unrolls or None), where the
+    arguments are exactly what the SEED actor would send for one vector step
+    and the unrolls are what the SEED server's store would emit for it.
+    """
+
+    def __init__(self, agent, spec: codec.EnvSpec, num_envs: int, rng):
+        import jax
+
+        from seedq.server.env_table import EnvTable
+        from seedq.server.inference import BEHAVIOUR_VERSION, sequence_fields
+        from seedq.server.unrolls import UnrollStore
+
+        self._version_field = BEHAVIOUR_VERSION
+        fields, initial_only = sequence_fields(agent, spec)
+        sequence = agent.sequence_spec()
+        self.store = UnrollStore(
+            sequence.length, fields, overlap=sequence.overlap, initial_only=initial_only,
+            capacity=num_envs,
+        )
+        self.episodes = _PendingEpisodes()
+        self.table = EnvTable(self.episodes)
+        entry, _ = self.table.connect("local", "local", num_envs)
+        self.slots = entry.slots
+        # Carried between steps exactly as the server's per-slot table; `act`
+        # resets it where `first` says an episode starts.
+        self.core = {k: np.asarray(v) for k, v in agent.initial_core_state(num_envs).items()}
+        self.inputs = agent.actor_inputs(self.slots)
+        self._act = jax.jit(agent.act)
+        self.rng = rng
+        self._frames_reported = 0
+
+    def step(self, params, version: int, obs, rewards, terminated, truncated):
+        first = self.table.observe(self.slots, rewards, terminated, truncated)
+        actions, outputs, new_core, self.rng = self._act(
+            params, self.rng, obs, first, self.core, self.inputs
+        )
+        actions = np.asarray(actions)
+        step = {
+            "obs": obs,
+            "reward": rewards,
+            "terminated": terminated,
+            "truncated": truncated,
+            "first": first,
+            "action": actions,
+            self._version_field: np.full(len(self.slots), version, np.int32),
+            **{k: np.asarray(v) for k, v in outputs.items()},
+        }
+        for name in self.core:
+            step["core/" + name] = self.core[name]  # the state this step was acted from
+            self.core[name] = np.asarray(new_core[name])
+        return actions, self.store.append(self.slots, step)
+
+    def take_progress(self) -> tuple[int, list[float], list[int]]:
+        """(frames stepped, episode returns, lengths) since the last call."""
+        frames = self.table.frames - self._frames_reported
+        self._frames_reported = self.table.frames
+        return (frames, *self.episodes.take())
+
+
+def agent_for(config, spec: codec.EnvSpec):
+    """The agent as actors run it: the learner's config at the actor precision."""
+    from seedq.learner.learner import make_agent
+
+    return make_agent(dataclasses.replace(config, precision=config.actor_precision), spec)
+
+
+def expected_params(agent):
+    """Shapes/dtypes of the parameters the learner publishes for `agent`."""
+    import jax
+
+    return jax.eval_shape(
+        lambda key: agent.inference_params(agent.init(key)), jax.ShapeDtypeStruct((2,), np.uint32)
+    )
+
+
+def check_params(params, expected) -> None:
+    """Raises FatalActorError naming the first leaf that does not fit this actor's agent."""
+    import jax
+
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    want = dict(jax.tree_util.tree_flatten_with_path(expected)[0])
+    for path in sorted(set(got) | set(want), key=str):
+        name = jax.tree_util.keystr(path)
+        if path not in got or path not in want:
+            raise FatalActorError(f"params from the learner: leaf {name} is {'missing' if path in want else 'unexpected'}")
+        g, w = got[path], want[path]
+        if tuple(g.shape) != tuple(w.shape) or np.dtype(g.dtype) != np.dtype(w.dtype):
+            raise FatalActorError(
+                f"params from the learner: {name} is {g.dtype}{list(g.shape)}, "
+                f"this actor expects {w.dtype}{list(w.shape)}"
+            )
+
+
+async def pull_params(stub, actor_id: str, have_version: int, stats: ActorStats, expected):
+    """(params on the device, version) or None when the learner has nothing newer."""
+    import jax
+
+    started = time.perf_counter()
+    call = stub.PullParams(seed_pb2.ParamsRequest(actor_id=actor_id, have_version=have_version))
+    chunks = [chunk async for chunk in call]
+    pulled = time.perf_counter()
+    version, precision, data = impala_codec.join_chunks(chunks)
+    stats.pull_seconds += pulled - started
+    stats.pulls += 1
+    if data is None:
+        return None
+    params = impala_codec.deserialize_params(data)
+    check_params(params, expected)
+    params = jax.block_until_ready(jax.device_put(params))
+    stats.load_seconds += time.perf_counter() - pulled
+    return params, int(version)
+
+
+async def serve_connection(
+    stub, env, spec, *, actor_id, num_envs, env_id, seed, stats: ActorStats, skip_seconds=0.0
+):
+    """One PushUnrolls stream: handshake, then act locally and push unrolls until it breaks."""
+    import jax
+
+    from seedq import config as config_lib
+
+    run_id = uuid.uuid4().hex
+    call = stub.PushUnrolls()
+    try:
+        hello = codec.encode_handshake(spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id)
+        await call.write(seed_pb2.UnrollMessage(handshake=hello.handshake))
+        ack = await call.read()
+        if ack is grpc.aio.EOF:
+            raise ConnectionError("learner closed the stream during the handshake")
+        config = config_lib.from_dict(config_lib.TrainConfig, json.loads(ack.config_json))
+        agent = agent_for(config, spec)
+        expected = expected_params(agent)
+        stats.connections += 1
+        log.info("impala actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.learner_run)
+        builder = UnrollBuilder(agent, spec, num_envs, jax.random.PRNGKey(seed))
+        params, version = await pull_params(stub, actor_id, -1, stats, expected)
+        obs, _ = env.reset(seed=seed)
+        rewards = np.zeros(num_envs, np.float32)
+        terminated = np.zeros(num_envs, bool)
+        truncated = np.zeros(num_envs, bool)
+        awaiting_ack, since_pull = False, 0
+        while True:
+            started = time.perf_counter()
+            actions, unrolls = builder.step(params, version, obs, rewards, terminated, truncated)
+            acted = time.perf_counter()
+            stats.inference_seconds += acted - started
+            if unrolls is not None:
+                # One batch in flight: the previous one's ack is read only now,
+                # so the learner's queueing overlaps with our next unroll.
+                if awaiting_ack and await call.read() is grpc.aio.EOF:
+                    raise ConnectionError("learner closed the stream")
+                await call.write(impala_codec.encode_unrolls(unrolls, *builder.take_progress()))
+                awaiting_ack = True
+                stats.unroll_batches += 1
+                stats.communication_seconds += time.perf_counter() - acted
+                since_pull += 1
+                if since_pull >= config.param_pull_every:
+                    since_pull = 0
+                    pulled = await pull_params(stub, actor_id, version, stats, expected)
+                    if pulled is not None:
+                        params, version = pulled
+            stepping = time.perf_counter()
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            stats.env_seconds += time.perf_counter() - stepping
+            stats.frames += num_envs
+            stats.steps += 1
+            stats.step_done()
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            raise FatalActorError(
+                "the learner does not run architecture=impala (start it with --architecture impala)"
+            ) from None
+        raise
+    finally:
+        call.cancel()
+
+
+def main(args) -> int:
+    """Entry point of `seedq impala-actor`."""
+    # JAX on the CPU (an accelerator belongs to the learner), set before JAX is imported.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from seedq import jax_setup
+    from seedq.actor import seed_actor
+
+    jax_setup.configure()
+    return seed_actor.main(args, connection=serve_connection, prog="seedq impala-actor")

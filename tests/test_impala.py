@@ -1,0 +1,359 @@
+"""IMPALA mode: unroll assembly, parameter pulls, the push service, local runs, `seedq compare`.
+
+Real components throughout: the learner's gRPC server on a unix socket in a
+temporary directory, real `seedq` processes, real CartPole envs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import queue
+import subprocess
+import sys
+import uuid
+
+import grpc
+import jax
+import numpy as np
+import pytest
+
+from seedq.actor.impala_actor import UnrollBuilder
+from seedq.agents.vtrace.agent import VTraceAgent
+from seedq.config import ServerConfig, TrainConfig, VTraceConfig
+from seedq.envs import env_spec
+from seedq.server.env_table import EnvTable, EpisodeLog
+from seedq.server.inference import InferenceServer, _Request
+from seedq.server.unrolls import UnrollQueue
+from seedq.v1 import seed_pb2, seed_pb2_grpc
+from seedq.wire import codec, impala_codec
+
+pytestmark = pytest.mark.timeout(300)
+
+CARTPOLE = codec.EnvSpec("float32", (4,), num_actions=2)
+
+
+def seedq(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "seedq.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class CountingAgent(VTraceAgent):
+    """V-trace plus a recurrent state (steps since the episode started) that
+    `act` resets at `first`: checks that both architectures carry core state
+    the same way and record each unroll's initial state."""
+
+    def initial_core_state(self, n):
+        return {"count": np.zeros(n, np.int32)}
+
+    def act(self, params, rng, obs, first, core_state, inputs):
+        actions, outputs, _, rng = super().act(params, rng, obs, first, core_state, inputs)
+        count = jax.numpy.where(first, 0, core_state["count"]) + 1
+        return actions, outputs, {"count": count}, rng
+
+
+def step_stream(num_envs, steps, seed=0):
+    """What an actor would send: random observations and episode ends (both kinds)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        yield (
+            rng.normal(size=(num_envs, 4)).astype(np.float32),
+            rng.normal(size=num_envs).astype(np.float32),
+            rng.random(num_envs) < 0.1,
+            rng.random(num_envs) < 0.05,
+        )
+
+
+@pytest.mark.parametrize("agent_cls", [VTraceAgent, CountingAgent])
+def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls):
+    num_envs = 8  # the server's smallest bucket: no padding, so both sample from the same key alike
+    cfg = dataclasses.replace(VTraceConfig(), unroll_length=4)
+    agent = agent_cls(CARTPOLE, cfg)
+    params = agent.init(jax.random.PRNGKey(1)).params
+    key = jax.random.PRNGKey(7)
+
+    server_log = EpisodeLog()
+    server = InferenceServer(agent, CARTPOLE, EnvTable(server_log), UnrollQueue(1024),
+                             max_batch_size=num_envs, batch_timeout_ms=0.0, rng=key)
+    server.publish(params, 3)
+    entry, _ = server.connect("actor", "run", num_envs)
+    builder = UnrollBuilder(agent, CARTPOLE, num_envs, key)
+
+    server_unrolls, actor_unrolls = [], []
+    for obs, rewards, terminated, truncated in step_stream(num_envs, 23):
+        steps = codec.Steps(np.arange(num_envs, dtype=np.int32), rewards, terminated, truncated, obs)
+        actions, _, unrolls = server._infer([_Request(entry, steps, None)])
+        actor_actions, actor_batch = builder.step(params, 3, obs, rewards, terminated, truncated)
+        np.testing.assert_array_equal(actions, actor_actions)
+        assert (unrolls is None) == (actor_batch is None)
+        if unrolls is not None:
+            server_unrolls.append(unrolls)
+            actor_unrolls.append(actor_batch)
+
+    assert len(server_unrolls) == 5  # 23 steps: the first unroll at step 5, then every 4
+    for ours, theirs in zip(actor_unrolls, server_unrolls):
+        assert ours.keys() == theirs.keys()
+        for name in theirs:
+            np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    if agent_cls is CountingAgent:
+        # The initial state of each unroll, not the state after it.
+        assert actor_unrolls[-1]["core/count"].max() > 0
+    # The actor books the same episodes and frames the server does.
+    frames, returns, lengths = builder.take_progress()
+    server_returns, server_lengths = server_log.window()
+    assert frames == 23 * num_envs == server.table.frames
+    np.testing.assert_allclose(returns, server_returns)
+    assert lengths == server_lengths and len(lengths) > 0
+
+
+@pytest.mark.parametrize("hidden", [(512, 512)])
+def test_params_round_trip_fp32_and_int8_with_four_times_fewer_bytes(hidden):
+    cfg = dataclasses.replace(VTraceConfig(), hidden_sizes=hidden)
+    state = VTraceAgent(CARTPOLE, cfg).init(jax.random.PRNGKey(0))
+    sizes = {}
+    for precision in ("fp32", "int8"):
+        published = jax.device_get(VTraceAgent(CARTPOLE, cfg, precision=precision).inference_params(state))
+        data = impala_codec.serialize_params(published)
+        chunks = impala_codec.params_chunks(data, 12, precision, chunk_bytes=64 << 10)
+        assert len(chunks) > 1 and all(c.ByteSize() < (65 << 10) for c in chunks)
+        version, got_precision, joined = impala_codec.join_chunks(chunks)
+        assert (version, got_precision) == (12, precision)
+        restored = impala_codec.deserialize_params(joined)
+        flat, tree = jax.tree_util.tree_flatten(published)
+        flat_back, tree_back = jax.tree_util.tree_flatten(restored)
+        assert tree == tree_back
+        for a, b in zip(flat, flat_back):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+        sizes[precision] = len(data)
+    assert sizes["fp32"] / sizes["int8"] > 3.5, sizes
+    # Nothing newer: the header only.
+    (head,) = impala_codec.params_chunks(None, 12, "fp32")
+    assert impala_codec.join_chunks([head]) == (12, "fp32", None)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="actor_precision='bf16'"):
+        TrainConfig(architecture="impala", actor_precision="bf16").validate()
+    with pytest.raises(ValueError, match="architecture='impala' needs agent='vtrace'"):
+        TrainConfig(architecture="impala", agent="r2d2").validate()
+    with pytest.raises(ValueError, match="param_pull_every=0"):
+        TrainConfig(architecture="impala", param_pull_every=0).validate()
+
+
+# --- the learner's IMPALA service over a real socket ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def impala_learner(tmp_path_factory):
+    from seedq.learner.learner import Learner
+
+    config = dataclasses.replace(
+        TrainConfig(), env="CartPole-v1", architecture="impala", actor_precision="int8",
+        vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4),
+        server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=64),
+    )
+    learner = Learner(config, f"unix:{tmp_path_factory.mktemp('impala')}/learner.sock")
+    address = learner.start(train=False)
+    yield learner, address
+    learner.stop()
+
+
+class PushStream:
+    def __init__(self, address):
+        self.channel = grpc.insecure_channel(address)
+        self.stub = seed_pb2_grpc.LearnerStub(self.channel)
+        self._requests = queue.Queue()
+        self.call = self.stub.PushUnrolls(iter(self._requests.get, None), timeout=30)
+
+    def send(self, message):
+        self._requests.put(message)
+        return next(self.call)
+
+    def handshake(self, spec=CARTPOLE, num_envs=2):
+        hello = codec.encode_handshake(spec, actor_id="a-" + uuid.uuid4().hex[:6],
+                                       run_id=uuid.uuid4().hex, num_envs=num_envs)
+        return self.send(seed_pb2.UnrollMessage(handshake=hello.handshake))
+
+    def close(self):
+        self._requests.put(None)
+        self.channel.close()
+
+
+def good_unrolls(learner, k=2):
+    store = learner.inference.store
+    return {
+        name: np.zeros((k,) + (() if name in store.initial_only else (store.length,)) + f.shape, f.dtype)
+        for name, f in store.fields.items()
+    }
+
+
+def refused(learner, address, unrolls, frames=0, returns=(), lengths=()):
+    stream = PushStream(address)
+    try:
+        ack = stream.handshake()
+        assert json.loads(ack.config_json)["architecture"] == "impala"
+        with pytest.raises(grpc.RpcError) as e:
+            stream.send(impala_codec.encode_unrolls(unrolls, frames, returns, lengths))
+        return e.value
+    finally:
+        stream.close()
+
+
+def test_push_accepts_a_good_batch_and_books_its_episodes(impala_learner):
+    learner, address = impala_learner
+    stream = PushStream(address)
+    try:
+        stream.handshake()
+        frames_before, episodes_before = learner.table.frames, learner.episodes.snapshot()[0]
+        ack = stream.send(impala_codec.encode_unrolls(good_unrolls(learner), 12, [9.0, 20.0], [9, 20]))
+        assert ack.policy_version == learner.version
+    finally:
+        stream.close()
+    assert learner.table.frames == frames_before + 12
+    assert learner.episodes.snapshot()[0] == episodes_before + 2
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda u: u.pop("logits"), "unrolls.fields: missing ['logits']"),
+    (lambda u: u.update(extra=np.zeros((2, 6), np.float32)), "unknown ['extra']"),
+    (lambda u: u.update(reward=u["reward"].astype(np.float64)), "unrolls.fields[reward].dtype"),
+    (lambda u: u.update(obs=np.zeros((2, 6, 5), np.float32)), "unrolls.fields[obs].shape"),
+    (lambda u: u.update(action=np.zeros((2, 5), np.int32)), "unrolls.fields[action].shape"),
+    (lambda u: u.update(policy_version=np.full((2, 6), 10**6, np.int32)), "unrolls.fields[policy_version]"),
+])
+def test_bad_unroll_batches_are_refused_naming_the_field(impala_learner, damage, field):
+    learner, address = impala_learner
+    unrolls = good_unrolls(learner)
+    damage(unrolls)
+    error = refused(learner, address, unrolls)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in error.details()
+
+
+def test_bad_counts_and_handshakes_are_refused(impala_learner):
+    learner, address = impala_learner
+    error = refused(learner, address, good_unrolls(learner), returns=[1.0], lengths=[])
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "unrolls.episode_lengths" in error.details()
+    error = refused(learner, address, good_unrolls(learner, k=3))  # 2 envs declared
+    assert "unrolls.fields" in error.details() and "[1, 2]" in error.details()
+    error = refused(learner, address, good_unrolls(learner), frames=10**6)
+    assert "unrolls.frames" in error.details()
+    stream = PushStream(address)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stream.handshake(spec=codec.EnvSpec("float32", (5,), num_actions=2))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "handshake.observation.shape" in e.value.details()
+    finally:
+        stream.close()
+
+
+def test_pull_serves_int8_params_and_seed_streams_are_told_to_use_impala_actors(impala_learner):
+    learner, address = impala_learner
+    with grpc.insecure_channel(address) as channel:
+        stub = seed_pb2_grpc.LearnerStub(channel)
+        chunks = list(stub.PullParams(seed_pb2.ParamsRequest(actor_id="x", have_version=-1), timeout=30))
+        version, precision, data = impala_codec.join_chunks(chunks)
+        assert (version, precision) == (learner.version, "int8")
+        leaves = jax.tree_util.tree_leaves(impala_codec.deserialize_params(data))
+        assert any(leaf.dtype == np.int8 for leaf in leaves)
+        again = list(stub.PullParams(seed_pb2.ParamsRequest(actor_id="x", have_version=version), timeout=30))
+        assert len(again) == 1 and not again[0].data
+        hello = codec.encode_handshake(CARTPOLE, actor_id="s", run_id="r", num_envs=1)
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Stream(iter([hello]), timeout=30))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "seedq impala-actor" in e.value.details()
+
+
+# --- real processes ---------------------------------------------------------------------
+
+
+def test_local_impala_int8_run_learns_cartpole(tmp_path):
+    """`seedq train --architecture impala` with int8 actors: real learner and
+    actor processes; a random policy scores ~22, the target of 150 needs learning.
+    Bounded by frames, not seconds."""
+    logdir = tmp_path / "run"
+    result = seedq(
+        "train", "--architecture", "impala", "--actor-precision", "int8", "--env", "CartPole-v1",
+        "--target-return", "150", "--max-frames", "1500000", "--max-seconds", "0",
+        "--eval-episodes", "2", "--logdir", str(logdir), "--quiet", timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["architecture"] == "impala"
+    assert summary["reached_target"], summary
+    assert summary["policy_lag_mean"] is not None and summary["policy_lag_mean"] >= 0
+    for path in sorted((logdir / "actors").glob("actor-*.json")):
+        stats = json.loads(path.read_text())
+        assert stats["pulls"] > 0 and stats["unroll_batches"] > 0
+        assert stats["bytes_sent"] > 0 and stats["bytes_received"] > 0
+        assert stats["inference_seconds"] > 0 and stats["pull_seconds"] > 0
+    assert len(list((logdir / "actors").glob("actor-*.json"))) == 2
+
+
+def test_impala_actor_against_a_seed_learner_exits_with_a_clear_error(tmp_path):
+    from seedq.learner.learner import Learner
+
+    learner = Learner(TrainConfig(env="CartPole-v1"), f"unix:{tmp_path}/seed.sock")
+    address = learner.start(train=False)
+    try:
+        result = seedq("impala-actor", "--server", address, "--env", "CartPole-v1", "--num-envs", "2",
+                       "--retry-max-seconds", "20", timeout=120)
+    finally:
+        learner.stop()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "does not run architecture=impala" in result.stdout
+
+
+def test_compare_writes_csv_and_plots(tmp_path):
+    out = tmp_path / "cmp"
+    result = seedq(
+        "compare", "--env", "CartPole-v1", "--configs", "seed-fp32,impala-int8", "--seeds", "1",
+        "--max-frames", "20000", "--max-seconds", "0", "--target-return", "0", "--eval-episodes", "1",
+        "--checkpoint-every-seconds", "0", "--out", str(out), timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["config"] for r in rows] == ["seed-fp32", "impala-int8"]
+    seed_row, impala_row = rows
+    assert (seed_row["architecture"], impala_row["architecture"]) == ("seed", "impala")
+    assert impala_row["actor_precision"] == "int8"
+    for row in rows:
+        assert int(row["frames"]) > 0
+        assert float(row["bytes_sent_per_frame"]) > 0 and float(row["bytes_received_per_frame"]) > 0
+        assert float(row["energy_wh_estimate"]) > 0 and float(row["cpu_seconds_total"]) > 0
+        assert float(row["env_us_per_frame"]) > 0 and float(row["inference_us_per_frame"]) > 0
+    assert float(impala_row["pull_us_per_frame"]) > 0 and float(seed_row["pull_us_per_frame"]) == 0
+    for name in ("return_vs_frames", "return_vs_time", "frames_per_second", "time_split"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    assert (out / "curves.csv").exists() and "| seed-fp32 |" in (out / "summary.md").read_text()
+    # The plots are regenerated from the CSVs alone.
+    (out / "time_split.png").unlink()
+    assert seedq("compare", "--plot-only", "--out", str(out)).returncode == 0
+    assert (out / "time_split.png").exists()
+
+
+def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch):
+    import pathlib
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "20000")
+    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(repo / "docs" / "impala_vs_seed"))
+    notebook = nbformat.read(repo / "notebooks" / "impala_vs_seed.ipynb", as_version=4)
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "| impala-int8 |" in text and "| seed-fp32 |" in text
+    with open(tmp_path / "compare-small" / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == 4
