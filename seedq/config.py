@@ -124,6 +124,9 @@ class VTraceConfig:
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
     shared_torso: bool = True
+    # Normalise vector observations by their running mean and std (learner-side
+    # statistics, published with the parameters); common for continuous control.
+    normalize_observations: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

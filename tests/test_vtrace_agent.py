@@ -63,12 +63,18 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (SWINGUP, VTraceConfig()),
     (SWINGUP, VTraceConfig(use_lstm=True, lstm_size=16)),
     (SWINGUP, VTraceConfig(shared_torso=False)),
+    (SWINGUP, VTraceConfig(normalize_observations=True)),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "frames", "frames-lstm"])
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized", "frames", "frames-lstm"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
     state = agent.init(jax.random.PRNGKey(1))
+    if "obs_stats" in state.params:  # statistics that really change the inputs
+        dim = spec.obs_shape[0]
+        stats = {"count": np.float32(50.0), "mean": np.linspace(-1, 1, dim, dtype=np.float32),
+                 "m2": np.linspace(10, 500, dim, dtype=np.float32)}
+        state = state._replace(params={**state.params, "obs_stats": stats})
     batch = _record(agent, state.params, steps=config.unroll_length + 1, n=5)
     _, metrics = jax.jit(agent.loss)(state.params, batch)
     np.testing.assert_allclose(float(metrics["rho/mean"]), 1.0, atol=1e-4)
@@ -171,3 +177,32 @@ def test_server_clips_training_rewards_but_books_unclipped_returns():
         unrolls = server._infer([_Request(entry, steps, None)])[2] or unrolls
     np.testing.assert_array_equal(unrolls["reward"][0], [0.0, 1.0, -1.0, 0.5])
     assert episodes.window()[0] == [2.5]  # 5 - 3 + 0.5, unclipped
+
+
+def test_running_observation_statistics_match_numpy_over_batches():
+    from seedq.agents import normalization
+
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 5.0, size=(n, 4)) * [1, 10, 0.1, 1] for n in (1, 7, 300, 2)]
+    stats = normalization.init_stats(4)
+    for x in batches:
+        stats = normalization.update_stats(stats, jnp.asarray(x, jnp.float32))
+    everything = np.concatenate(batches)
+    np.testing.assert_allclose(float(stats.count), len(everything))
+    np.testing.assert_allclose(np.asarray(stats.mean), everything.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(stats.m2) / len(everything), everything.var(0), rtol=1e-3)
+    z = np.asarray(normalization.normalize(stats, jnp.asarray(everything, jnp.float32)))
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-3)
+    np.testing.assert_allclose(z.std(0), 1.0, rtol=1e-3)
+
+
+def test_update_merges_the_batch_into_the_published_statistics():
+    agent = VTraceAgent(SWINGUP, VTraceConfig(normalize_observations=True, unroll_length=3))
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=4, n=6)
+    new, _ = jax.jit(agent.update)(state, batch)
+    stats = new.params["obs_stats"]
+    obs = batch["obs"].reshape(-1, 5)
+    assert float(stats["count"]) == len(obs)
+    np.testing.assert_allclose(np.asarray(stats["mean"]), obs.mean(0), rtol=1e-4, atol=1e-6)
+    assert set(agent.inference_params(new)) == {"params", "obs_stats"}

@@ -19,6 +19,7 @@ import time
 
 import grpc
 import jax
+import numpy as np
 
 from seedq.server.inference import BEHAVIOUR_VERSION
 from seedq.server.service import LearnerService
@@ -133,6 +134,9 @@ class ImpalaLearnerService(LearnerService):
                 except codec.ProtocolError as e:
                     log.warning("actor %s sent a bad unroll batch: %s", entry.actor_id, e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                clip = self.inference.reward_clip  # learner-side, as in SEED mode (Atari)
+                if clip > 0:
+                    unrolls["reward"] = np.clip(unrolls["reward"], -clip, clip)
                 try:
                     if not queue.try_put(unrolls):
                         # Full: this stream waits (and so does its actor) for training.

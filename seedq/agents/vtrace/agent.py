@@ -25,6 +25,7 @@ import optax
 
 from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
+from seedq.agents import normalization
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import resolve_network
 from seedq.agents.vtrace import losses
@@ -66,6 +67,12 @@ class VTraceAgent:
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network_name = resolve_network(config.network, pixels=len(self.obs_shape) == 3)
+        # Running observation statistics live in the parameters as params["obs_stats"]
+        # (no gradient; replaced after every update), so they are checkpointed
+        # and published with the network.
+        self.normalize = config.normalize_observations
+        if self.normalize and np.dtype(spec.obs_dtype) == np.uint8:
+            raise ValueError("vtrace.normalize_observations applies to vector observations, not uint8 frames")
         self.network = PolicyValueNetwork(
             torso=self.network_name,
             num_outputs=spec.num_actions if spec.discrete else spec.action_shape[0],
@@ -87,6 +94,20 @@ class VTraceAgent:
         self.precision = precision
         layers = quant.quantizable_paths(quant.find_layers(self.network, *self._example_inputs()))
         self._publish = jax.jit(lambda params: quant.publish(params, precision, layers))
+
+    def _split(self, params):
+        """(network variables, observation statistics or None)."""
+        if not self.normalize:
+            return params, None
+        net = {k: v for k, v in params.items() if k != "obs_stats"}
+        return net, normalization.RunningStats(**params["obs_stats"])
+
+    def _normalized(self, stats, obs):
+        """Observations as the network sees them ([..., *obs_shape])."""
+        if stats is None:
+            return obs
+        flat = obs.reshape(*obs.shape[: obs.ndim - len(self.spec.obs_shape)], -1)
+        return normalization.normalize(stats, flat).reshape(obs.shape)
 
     def _example_inputs(self):
         obs = jnp.zeros((1, 1, *self.obs_shape), self.spec.obs_dtype)
@@ -117,18 +138,25 @@ class VTraceAgent:
 
     def init(self, rng: jax.Array) -> LearnerState:
         params = self.network.init(rng, *self._example_inputs())
+        if self.normalize:
+            dim = int(np.prod(self.spec.obs_shape))
+            params = {**params, "obs_stats": normalization.init_stats(dim)._asdict()}
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
         """fp32 params, or their bf16 / int8 (quantized) form for the server."""
         if self.precision == "fp32":
             return state.params
-        return self._publish(state.params)
+        net, stats = self._split(state.params)
+        published = self._publish(net)
+        return published if stats is None else {**published, "obs_stats": stats._asdict()}
 
     def act(self, params, rng, obs, first, core_state, inputs):
         """(obs [N, *obs_shape], first [N], core {k: [N, ...]}) -> (actions [N, ...],
         distribution params {k: [N, ...]}, new core, new rng)."""
         del inputs
+        params, stats = self._split(params)
+        obs = self._normalized(stats, obs)
         net_obs, core_state = self.frames.act(core_state, obs, first) if self.frames else (obs, core_state)
         carry = (core_state["lstm_c"], core_state["lstm_h"]) if self.config.use_lstm else None
         dist, _, carry = quant.apply(
@@ -148,7 +176,8 @@ class VTraceAgent:
 
     def _unroll_network(self, params, batch: dict[str, jax.Array]):
         """Distribution params {k: [T+1, B, ...]} and values [T+1, B] along batch-major unrolls."""
-        obs = self.frames.unroll(batch) if self.frames else batch["obs"]
+        params, stats = self._split(params)
+        obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
         dist, values, _ = self.network.apply(
             params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry
@@ -207,5 +236,9 @@ class VTraceAgent:
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if self.normalize:  # the statistics get no gradient; they are merged here
+            obs = batch["obs"].reshape(-1, int(np.prod(self.spec.obs_shape)))
+            stats = normalization.update_stats(self._split(state.params)[1], obs)
+            params = {**params, "obs_stats": stats._asdict()}
         metrics["grad_norm"] = optax.tree.norm(grads)
         return LearnerState(params, opt_state, state.step + 1), metrics
