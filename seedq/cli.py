@@ -157,6 +157,20 @@ def config_flags(config, cls=TrainConfig, prefix: str = "") -> list[str]:
     return flags
 
 
+def _default_config(args: argparse.Namespace) -> TrainConfig:
+    """The defaults the flags apply to: they depend on whether the env's actions
+    are Discrete or Box (config.defaults_for). An env id that cannot be built
+    falls back to the plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec
+
+    env = getattr(args, "env", None) or TrainConfig.env
+    try:
+        continuous = not env_spec(env).discrete
+    except ValueError:
+        return TrainConfig()
+    return config_lib.defaults_for(continuous)
+
+
 def _resumed_config(args: argparse.Namespace) -> TrainConfig:
     """The saved config of the run in `--resume RUN_DIR` with the given flags applied."""
     import os
@@ -431,7 +445,7 @@ def _compare(args: argparse.Namespace) -> int:
         else:
             if args.seeds <= 0:
                 raise ValueError(f"--seeds {args.seeds}: must be > 0")
-            base = config_from_args(args)
+            base = config_from_args(args, base=_default_config(args))
             base.validate()
             result = compare.run(
                 base, compare.parse_configs(args.configs), args.seeds, args.out,
@@ -469,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.resume:
                 config = _resumed_config(args)
             else:
-                config = config_from_args(args).resolved()
+                config = config_from_args(args, base=_default_config(args)).resolved()
             config.validate()
         except FileNotFoundError as e:
             print(f"seedq {args.command}: {e.args[0]}", file=sys.stderr)

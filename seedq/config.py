@@ -369,6 +369,29 @@ class TrainConfig:
         )
 
 
+# V-trace defaults for Box (continuous) action spaces, measured on
+# dmc:cartpole-swingup (docs/benchmarks.md, issue 3): longer unrolls with
+# lambda 0.95, a smaller learning rate, rewards scaled to keep the value loss
+# from dominating the clipped gradient, and a separate value torso. The
+# Discrete defaults above stay tuned for CartPole.
+CONTINUOUS_VTRACE = VTraceConfig(
+    unroll_length=20,
+    lambda_=0.95,
+    learning_rate=5e-4,
+    entropy_cost=0.001,
+    reward_scale=0.1,
+    shared_torso=False,
+)
+
+
+def defaults_for(continuous_actions: bool) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions
+    (command-line flags are applied on top of it)."""
+    if continuous_actions:
+        return TrainConfig(vtrace=CONTINUOUS_VTRACE)
+    return TrainConfig()
+
+
 def to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
