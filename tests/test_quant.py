@@ -158,7 +158,10 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     net = _net(name)
     params = net.init(0)
     fp32_layers = dict(_layer_dicts(params["params"]))
-    assert set(net.paths) == set(fp32_layers)  # every Dense/Conv here is quantizable
+    outputs = {p for p in fp32_layers if p[-1] in quant.OUTPUT_LAYER_NAMES}
+    assert {p[-1] for p in outputs} == {"policy", "value"}
+    # Every Dense/Conv here is quantizable; the output layers stay fp32.
+    assert set(net.paths) == set(fp32_layers) - outputs
 
     assert quant.publish(params, "fp32", net.paths) is params
     bf16 = net.publish["bf16"](params)
@@ -168,7 +171,12 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     int8 = net.publish["int8"](params)
     int8_layers = dict(_layer_dicts(int8["params"]))
     assert set(int8_layers) == set(fp32_layers)
+    for path in outputs:  # unchanged fp32 leaves
+        assert set(int8_layers[path]) == {"kernel", "bias"}
+        np.testing.assert_array_equal(int8_layers[path]["kernel"], fp32_layers[path]["kernel"])
     for path, layer in int8_layers.items():
+        if path in outputs:
+            continue
         kernel = fp32_layers[path]["kernel"]
         equalized = net.paths[path]["equalize"]
         assert equalized == (path != ("torso", "Conv_0") or name == "mlp")  # pixels: exact ints
@@ -403,12 +411,13 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     """Trains CartPole briefly with the real system (int8 inference), then compares greedy actions
     of bf16/int8 with fp32 on the states its softmax behaviour policy visits.
 
-    Issue 4 asks for >= 99 % (int8, MLP). Measured on nine policies that reach
-    475 (docs/benchmarks.md) int8 agrees on 97.2-99.4 % of such states and on
-    83-98 % of greedy-rollout states (bf16: 98.6-99.9 %): a balancing CartPole
-    policy spends many states nearly indifferent between its two actions,
-    where a small logit error flips the argmax. The bounds below are
-    regression guards at the measured levels, not the issue's target.
+    Issue 4 asks for >= 99 % (int8, MLP). With the output layer kept fp32
+    (seedq.quant.OUTPUT_LAYER_NAMES), three policies that reach 475 agree on
+    99.2-99.75 % of such states and on 97.6-98.4 % of greedy-rollout states
+    (docs/benchmarks.md): a balancing CartPole policy spends many states
+    nearly indifferent between its two actions, where a small logit error
+    flips the argmax. The bounds below are regression guards for a briefly
+    trained policy, not the issue's target.
     """
     from seedq.bench.inference import trained_policy_agreement
 

@@ -44,8 +44,11 @@ class ActorCritic(nn.Module):
         x = obs
         for size in self.hidden_sizes:
             x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        # Named like V-trace's heads: output layers stay fp32 in int8 mode (seedq.quant).
+        logits = nn.Dense(
+            self.num_actions, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
+        )(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
         return logits, value[..., 0]
 
 
@@ -116,8 +119,11 @@ class PolicyValueHead(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        # Named like V-trace's heads: output layers stay fp32 in int8 mode (seedq.quant).
+        logits = nn.Dense(
+            self.num_actions, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
+        )(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
         return logits, value[..., 0]
 
 

@@ -6,7 +6,7 @@ flax network at that precision through one interception mechanism
 (`seedq.quant.layers`). Training always stays fp32.
 """
 
-from seedq.quant.layers import apply, find_layers, quantizable_paths, scale_pixels
+from seedq.quant.layers import OUTPUT_LAYER_NAMES, apply, find_layers, quantizable_paths, scale_pixels
 from seedq.quant.quantize import (
     PRECISIONS,
     publish,
@@ -15,6 +15,7 @@ from seedq.quant.quantize import (
 )
 
 __all__ = [
+    "OUTPUT_LAYER_NAMES",
     "PRECISIONS",
     "apply",
     "find_layers",
