@@ -275,8 +275,19 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
     async def _main():
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+        stop_signals = (signal.SIGTERM, signal.SIGINT)
+
+        def stop() -> None:
+            # One signal is enough (Ctrl-C reaches us as SIGINT, then the local
+            # learner sends SIGTERM): ignore the rest, so a second one cannot
+            # land in asyncio's teardown of the signal wakeup fd.
+            for sig in stop_signals:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+            task.cancel()
+
+        for sig in stop_signals:
+            loop.add_signal_handler(sig, stop)
         coro = run_actor(
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
             retry_max_seconds=args.retry_max_seconds, stats=stats,
