@@ -32,26 +32,6 @@ def _to_float(obs: jax.Array) -> jax.Array:
     return obs.astype(jnp.float32)
 
 
-class ActorCritic(nn.Module):
-    """MLP torso with a policy head (logits) and a value head (the CartPole agent)."""
-
-    num_actions: int
-    hidden_sizes: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """obs [N, D] float32 -> (logits [N, A], value [N])."""
-        x = obs
-        for size in self.hidden_sizes:
-            x = nn.tanh(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        # Named like V-trace's heads: output layers stay fp32 in int8 mode (seedq.quant).
-        logits = nn.Dense(
-            self.num_actions, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
-        )(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
-        return logits, value[..., 0]
-
-
 class MLPTorso(nn.Module):
     """obs [N, ...] -> features [N, hidden_sizes[-1]] (flattened input)."""
 
