@@ -7,7 +7,6 @@ start-up overlaps the learner's JAX start-up; they retry until it listens.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -19,8 +18,9 @@ import time
 import uuid
 
 from seedq import config as config_lib
+from seedq.cli import config_flags
 from seedq.config import TrainConfig
-from seedq.envs import env_kind, env_spec
+from seedq.envs import env_spec
 from seedq.learner import checkpoint
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
@@ -47,14 +47,9 @@ def actor_command(
         "--retry-max-seconds", "30",
         "--parent-pid", str(os.getpid()),
     ]
-    kind = env_kind(config.env)
-    if kind in ("atari", "dmc"):
-        # Preprocessing runs in the actor: it must match the learner's spec.
-        section = getattr(config, kind)
-        for field in dataclasses.fields(section):
-            value = getattr(section, field.name)
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            cmd += [f"--{kind}." + field.name.replace("_", "-"), text]
+    # Preprocessing runs in the actor and must match the learner's spec: pass
+    # every --atari.* / --dmc.* option that differs from the defaults.
+    cmd += config_flags(config.env_options, config_lib.EnvOptions)
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd

@@ -66,10 +66,10 @@ class UnrollBuilder:
         import jax
 
         from seedq.server.env_table import EnvTable
-        from seedq.server.inference import BEHAVIOUR_VERSION, sequence_fields
+        from seedq.server.inference import sequence_fields, step_record
         from seedq.server.unrolls import UnrollStore
 
-        self._version_field = BEHAVIOUR_VERSION
+        self._step_record = step_record  # imported here, like JAX: only IMPALA actors need them
         fields, initial_only = sequence_fields(agent, spec)
         sequence = agent.sequence_spec()
         self.store = UnrollStore(
@@ -94,19 +94,11 @@ class UnrollBuilder:
             params, self.rng, obs, first, self.core, self.inputs
         )
         actions = np.asarray(actions)
-        step = {
-            "obs": obs,
-            "reward": rewards,
-            "terminated": terminated,
-            "truncated": truncated,
-            "first": first,
-            "action": actions,
-            self._version_field: np.full(len(self.slots), version, np.int32),
-            **{k: np.asarray(v) for k, v in outputs.items()},
-        }
-        for name in self.core:
-            step["core/" + name] = self.core[name]  # the state this step was acted from
-            self.core[name] = np.asarray(new_core[name])
+        step = self._step_record(
+            obs, rewards, terminated, truncated, first, actions, version,
+            {k: np.asarray(v) for k, v in outputs.items()}, self.core,
+        )
+        self.core = {name: np.asarray(new_core[name]) for name in self.core}
         return actions, self.store.append(self.slots, step)
 
     def take_progress(self) -> tuple[int, list[float], list[int]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import time
 
 import numpy as np
 
+from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
 
 CONFIGS = {
@@ -60,14 +60,6 @@ def parse_configs(text: str) -> list[str]:
 def run_config(base: TrainConfig, name: str, seed: int, logdir: str) -> TrainConfig:
     """`base` with the one field set that configuration `name` changes."""
     return dataclasses.replace(base, seed=seed, logdir=logdir, **CONFIGS[name])
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def actor_totals(actor_stats: list[dict]) -> dict:
@@ -165,8 +157,8 @@ def run_one(base: TrainConfig, name: str, seed: int, out: str, *, timeout: float
                            f"{(result.stderr or result.stdout).strip()[-2000:]}")
     # Children's CPU: the learner and, through it, its actor processes (waited for).
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    summary = _read_json(os.path.join(logdir, "summary.json"))
-    actors = [s for s in (_read_json(p) for p in sorted(glob.glob(os.path.join(logdir, "actors", "*.json")))) if s]
+    summary = read_json(os.path.join(logdir, "summary.json"))
+    actors = [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(logdir, "actors", "*.json")))) if s]
     curve = read_curve(logdir)
     row = tidy_row(name, config, summary, actors, curve, cpu, watts_per_core=watts_per_core,
                    grams_co2_per_kwh=grams_co2_per_kwh, load_avg=load_avg)

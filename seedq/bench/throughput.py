@@ -82,7 +82,7 @@ def system_fps(
         finally:
             stop_actors(actors)
             learner.stop()
-        actor_stats = [_read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
+        actor_stats = [read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
     rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
     rtts_p99 = [s["rtt_p99_ms"] for s in actor_stats if s and s["rtt_p99_ms"] is not None]
     return {
@@ -108,7 +108,8 @@ def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 60.0) ->
         time.sleep(0.05)
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
+    """The JSON object in `path`, or None if it is missing or unreadable (a killed process's stats)."""
     try:
         with open(path) as f:
             return json.load(f)

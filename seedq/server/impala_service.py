@@ -91,19 +91,7 @@ class ImpalaLearnerService(LearnerService):
         try:
             if message.WhichOneof("kind") != "handshake":
                 raise codec.ProtocolError("handshake", "the first message of a stream must be a handshake")
-            handshake, actor_spec = codec.decode_handshake(
-                seed_pb2.ActorMessage(handshake=message.handshake)
-            )
-            mismatch = self.inference.spec.describe_mismatch(actor_spec)
-            if mismatch:
-                field, detail = mismatch.split(":", 1)
-                raise codec.ProtocolError("handshake." + field, detail.strip())
-            if handshake.num_envs > self.max_envs_per_actor:
-                raise codec.ProtocolError(
-                    "handshake.num_envs",
-                    f"{handshake.num_envs} envs exceeds this learner's limit of "
-                    f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
-                )
+            handshake = self.check_handshake(seed_pb2.ActorMessage(handshake=message.handshake))
             # Registered like a SEED actor: counts as connected (--min-actors).
             entry, _ = self.inference.table.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
         except (codec.ProtocolError, ValueError) as e:

@@ -102,6 +102,25 @@ class InferenceStats:
         return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
 
+def step_record(obs, rewards, terminated, truncated, first, actions, version: int,
+                outputs: dict, core_before: dict) -> dict[str, np.ndarray]:
+    """One step of n envs as the unroll store records it (`sequence_fields`):
+    what the actor sent, what `act` chose and returned, the policy version, and
+    the core state the step was acted from (`core/<name>`). The SEED server
+    and the IMPALA actor both build steps here, so their unrolls match."""
+    return {
+        "obs": obs,
+        "reward": rewards,
+        "terminated": terminated,
+        "truncated": truncated,
+        "first": first,
+        "action": actions,
+        BEHAVIOUR_VERSION: np.full(len(actions), version, np.int32),
+        **outputs,
+        **{"core/" + name: value for name, value in core_before.items()},
+    }
+
+
 def sequence_fields(agent, spec: EnvSpec) -> tuple[dict[str, StepFieldSpec], frozenset[str]]:
     """(fields, initial_only) of the sequences the learner trains on.
 
@@ -354,18 +373,12 @@ class InferenceServer:
         actions = np.asarray(actions)[:n]
         if self.reward_clip > 0:
             rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
-        step = {
-            "obs": obs,
-            "reward": rewards,
-            "terminated": terminated,
-            "truncated": truncated,
-            "first": first,
-            "action": actions,
-            BEHAVIOUR_VERSION: np.full(n, version, np.int32),
-            **{k: np.asarray(v)[:n] for k, v in outputs.items()},
-        }
+        step = step_record(
+            obs, rewards, terminated, truncated, first, actions, version,
+            {k: np.asarray(v)[:n] for k, v in outputs.items()},
+            {name: table[slots] for name, table in self._core.items()},
+        )
         for name, table in self._core.items():
-            step["core/" + name] = table[slots]  # the state this step was acted from
             table[slots] = np.asarray(new_core[name])[:n]
         if self._store_mask is not None and not self._store_mask[slots].all():
             keep = self._store_mask[slots]

@@ -34,22 +34,28 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
         )
 
+    def check_handshake(self, message: seed_pb2.ActorMessage):
+        """The decoded handshake, or ProtocolError naming the field: the actor's
+        spec must match the learner's and its env count fit the limit."""
+        handshake, actor_spec = codec.decode_handshake(message)
+        mismatch = self.inference.spec.describe_mismatch(actor_spec)
+        if mismatch:
+            field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
+            raise codec.ProtocolError("handshake." + field, detail.strip())
+        if handshake.num_envs > self.max_envs_per_actor:
+            raise codec.ProtocolError(
+                "handshake.num_envs",
+                f"{handshake.num_envs} envs exceeds this learner's limit of "
+                f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
+            )
+        return handshake
+
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
         message = await context.read()
         if message is grpc.aio.EOF:
             return
         try:
-            handshake, actor_spec = codec.decode_handshake(message)
-            mismatch = self.inference.spec.describe_mismatch(actor_spec)
-            if mismatch:
-                field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
-                raise codec.ProtocolError("handshake." + field, detail.strip())
-            if handshake.num_envs > self.max_envs_per_actor:
-                raise codec.ProtocolError(
-                    "handshake.num_envs",
-                    f"{handshake.num_envs} envs exceeds this learner's limit of "
-                    f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
-                )
+            handshake = self.check_handshake(message)
             entry, superseded = self.inference.connect(
                 handshake.actor_id, handshake.run_id, handshake.num_envs
             )
