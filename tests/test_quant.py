@@ -408,7 +408,7 @@ def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
 
 
 def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
-    """Trains CartPole briefly with the real system (int8 inference), then compares greedy actions
+    """Trains CartPole to a mean of 150 with the real system (int8 inference), then compares greedy actions
     of bf16/int8 with fp32 on the states its softmax behaviour policy visits.
 
     Issue 4 asks for >= 99 % (int8, MLP). With the output layer kept fp32
@@ -424,13 +424,16 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     logdir = tmp_path / "cartpole"
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "train", "--env", "CartPole-v1", "--precision", "int8",
-         "--max-frames", "200000", "--max-seconds", "120", "--logdir", str(logdir), "--quiet"],
-        capture_output=True, text=True, timeout=300,
+         "--target-return", "150", "--max-frames", "1500000", "--max-seconds", "0",
+         "--eval-episodes", "0", "--logdir", str(logdir), "--quiet"],
+        capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["precision"] == "int8"
-    assert summary["mean_return_last100"] > 100, summary  # it learned something
+    # Bounded by frames, not seconds, so a slow or busy machine does not fail it (a
+    # 200k-frame budget once stopped at a mean of 80 on CI); random play scores ~22.
+    assert summary["reached_target"], summary
 
     out = trained_policy_agreement(str(logdir), steps=100, num_envs=16, modes=("sample",))
     row = out["modes"]["sample"]
