@@ -160,8 +160,11 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     fp32_layers = dict(_layer_dicts(params["params"]))
     outputs = {p for p in fp32_layers if p[-1] in quant.OUTPUT_LAYER_NAMES}
     assert {p[-1] for p in outputs} == {"policy", "value"}
-    # Every Dense/Conv here is quantizable; the output layers stay fp32.
-    assert set(net.paths) == set(fp32_layers) - outputs
+    # The MLP's input layer takes the float observation: fp32 like the outputs.
+    # The CNNs' first conv takes uint8 pixels and is quantized.
+    kept = outputs | ({("torso", "Dense_0")} if name == "mlp" else set())
+    # Every other Dense/Conv here is quantizable.
+    assert set(net.paths) == set(fp32_layers) - kept
 
     assert quant.publish(params, "fp32", net.paths) is params
     bf16 = net.publish["bf16"](params)
@@ -171,15 +174,15 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     int8 = net.publish["int8"](params)
     int8_layers = dict(_layer_dicts(int8["params"]))
     assert set(int8_layers) == set(fp32_layers)
-    for path in outputs:  # unchanged fp32 leaves
+    for path in kept:  # unchanged fp32 leaves
         assert set(int8_layers[path]) == {"kernel", "bias"}
         np.testing.assert_array_equal(int8_layers[path]["kernel"], fp32_layers[path]["kernel"])
     for path, layer in int8_layers.items():
-        if path in outputs:
+        if path in kept:
             continue
         kernel = fp32_layers[path]["kernel"]
         equalized = net.paths[path]["equalize"]
-        assert equalized == (path != ("torso", "Conv_0") or name == "mlp")  # pixels: exact ints
+        assert equalized == (path != ("torso", "Conv_0"))  # pixels: exact ints
         assert set(layer) == {qz.QKERNEL, qz.QSCALE, "bias"} | ({qz.QINPUT} if equalized else set())
         assert layer[qz.QKERNEL].dtype == jnp.int8 and layer[qz.QKERNEL].shape == kernel.shape
         assert layer[qz.QSCALE].dtype == jnp.float32 and layer[qz.QSCALE].shape == kernel.shape[-1:]
@@ -373,7 +376,11 @@ def test_lstm_core_and_dueling_head_run_through_the_same_mechanism():
     params = jax.jit(net.init)(jax.random.PRNGKey(0), obs, first, carry)
     layers = quant.find_layers(net, obs, first, carry)
     paths = quant.quantizable_paths(layers)
-    assert len(paths) == 1 + 8 + 4  # torso, 4 gates x (input, hidden), dueling head
+    # 4 gates x (input, hidden) and the dueling head; the torso's one layer
+    # takes the float observation and stays fp32.
+    assert len(paths) == 8 + 4
+    assert [layer.path for layer in layers if layer.observation] == [layers[0].path]
+    assert layers[0].path not in paths
     ref_q, (ref_c, ref_h) = jax.jit(net.apply)(params, obs, first, carry)
     for precision, tol in (("bf16", 0.05), ("int8", 0.1)):
         published = quant.publish(params, precision, paths)

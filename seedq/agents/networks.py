@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seedq.quant.layers import scale_pixels
+from seedq.quant.layers import observation_input, scale_pixels
 
 NETWORKS = ("mlp", "nature_cnn", "impala_cnn")
 
@@ -40,7 +40,10 @@ class MLPTorso(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = _to_float(obs).reshape(obs.shape[0], -1)
+        # Flatten before scaling, so uint8 inputs keep their exact int8 path.
+        x = _to_float(obs.reshape(obs.shape[0], -1))
+        if obs.dtype != jnp.uint8:
+            x = observation_input(x)
         for size in self.hidden_sizes:
             x = self.activation(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return x

@@ -6,7 +6,14 @@ flax network at that precision through one interception mechanism
 (`seedq.quant.layers`). Training always stays fp32.
 """
 
-from seedq.quant.layers import OUTPUT_LAYER_NAMES, apply, find_layers, quantizable_paths, scale_pixels
+from seedq.quant.layers import (
+    OUTPUT_LAYER_NAMES,
+    apply,
+    find_layers,
+    observation_input,
+    quantizable_paths,
+    scale_pixels,
+)
 from seedq.quant.quantize import (
     PRECISIONS,
     publish,
@@ -19,6 +26,7 @@ __all__ = [
     "PRECISIONS",
     "apply",
     "find_layers",
+    "observation_input",
     "publish",
     "quantizable_paths",
     "quantize_per_channel",
