@@ -24,6 +24,7 @@ import uuid
 import grpc
 import numpy as np
 
+from seedq import grpc_setup
 from seedq.config import EnvOptions
 from seedq.envs import make_vector_env
 from seedq.wire import codec
@@ -304,7 +305,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
 
     code = 0
     try:
-        asyncio.run(_main())
+        grpc_setup.run(_main())
     except asyncio.CancelledError:
         pass  # SIGTERM / SIGINT: a clean stop
     except KeyboardInterrupt:

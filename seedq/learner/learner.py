@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq import jax_setup
+from seedq import grpc_setup, jax_setup
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
 from seedq.envs import env_kind, env_spec
@@ -173,7 +173,7 @@ class Learner:
         )
 
     def _serve(self) -> None:
-        asyncio.run(self._serve_async())
+        grpc_setup.run(self._serve_async())
 
     async def _serve_async(self) -> None:
         self._loop = asyncio.get_running_loop()
