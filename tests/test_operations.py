@@ -147,12 +147,26 @@ def test_sigkilled_learner_resumes_and_reaches_the_target(sigkilled_run):
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio starts ffmpeg (fork+exec)
 def test_eval_of_the_solved_checkpoint_with_video(sigkilled_run, tmp_path):
+    """`seedq eval` of the resumed run's final checkpoint, with a video read back.
+
+    The run stops when its sampled policy's mean over 100 episodes reaches
+    475. Its greedy policy at that moment is usually solved (500 in every
+    episode) but not always: one CI run's learner evaluated it at a greedy
+    mean of 316 (returns 233-500). So instead of a fixed 475 the returns must
+    equal the learner's own greedy eval of that checkpoint (same episodes,
+    same seed), and be far above random play (~22).
+    """
     import imageio.v2 as imageio
 
+    summary = json.loads((sigkilled_run.run / "summary.json").read_text())
+    recorded = summary["eval"]
+    assert recorded["policy"] == "greedy" and recorded["checkpoint"] == summary["checkpoint"]
     video = tmp_path / "cartpole.mp4"
-    result = seedq_json("eval", sigkilled_run.run, "--episodes", 20, "--seed", 0, "--video", video)
-    assert result["policy"] == "greedy" and result["episodes"] == 20
-    assert result["mean"] >= 475, result
+    result = seedq_json("eval", sigkilled_run.run, "--episodes", recorded["episodes"],
+                        "--seed", recorded["seed"], "--video", video)
+    assert result["policy"] == "greedy" and result["checkpoint"] == recorded["checkpoint"]
+    assert result["returns"] == recorded["returns"], (result, recorded)
+    assert result["mean"] > 150, result
     assert result["min"] <= result["mean"] <= result["max"]
     reader = imageio.get_reader(str(video))
     frames = [frame for frame in reader]
