@@ -337,23 +337,14 @@ def test_compare_writes_csv_and_plots(tmp_path):
     assert (out / "time_split.png").exists()
 
 
-def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch):
+def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
     import pathlib
-
-    import nbformat
-    from nbclient import NotebookClient
 
     repo = pathlib.Path(__file__).resolve().parents[1]
     monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "20000")
     monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(repo / "docs" / "impala_vs_seed"))
-    notebook = nbformat.read(repo / "notebooks" / "impala_vs_seed.ipynb", as_version=4)
-    NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
+    outputs, text = run_notebook("impala_vs_seed.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4
-    text = "".join(o.get("text", "") for o in outputs)
     assert "| impala-int8 |" in text and "| seed-fp32 |" in text
     with open(tmp_path / "compare-small" / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 4

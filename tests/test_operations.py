@@ -391,19 +391,10 @@ def test_docs_are_generated_from_the_code():
     assert docs.main(["--check", "--root", str(REPO)]) == 0, "regenerate with: python -m seedq.docs"
 
 
-def test_quickstart_notebook_executes(tmp_path, monkeypatch):
-    import nbformat
-    from nbclient import NotebookClient
-
+def test_quickstart_notebook_executes(tmp_path, monkeypatch, run_notebook):
     monkeypatch.setenv("SEEDQ_QUICKSTART_SECONDS", "15")
-    notebook = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
-    NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
+    outputs, text = run_notebook("quickstart.ipynb")
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the learning curve
-    text = "".join(o.get("text", "") for o in outputs)
     assert "10 episodes of CartPole-v1" in text
     (run,) = (tmp_path / "runs").glob("quickstart-*")
     assert (run / "summary.json").exists() and list((run / "checkpoints").glob("step_*"))
