@@ -109,11 +109,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: s
         from seedq.docs import field_comments, format_default
 
         comment = field_comments(cls).get(field.name, "")
+        # A bare boolean flag (`--insecure`) means true; `--flag false` still works.
+        bare = {"nargs": "?", "const": True} if hint is bool else {}
         action = parser.add_argument(
             _flag(prefix, field.name),
             dest=prefix + field.name,
             type=_parser_for(hint),
             default=None,
+            **bare,
             metavar=hint.__name__.upper() if isinstance(hint, type) else "LIST",
             help=(f"{comment} " if comment else "").replace("%", "%%")
             + f"(default: {format_default(field.default)})",
@@ -157,37 +160,77 @@ def config_flags(config, cls=TrainConfig, prefix: str = "") -> list[str]:
     return flags
 
 
-def _default_config(args: argparse.Namespace) -> TrainConfig:
+def _default_config(env: str | None) -> TrainConfig:
     """The defaults the flags apply to: they depend on whether the env's actions
     are Discrete or Box (config.defaults_for). An env id that cannot be built
     falls back to the plain defaults; the run then reports the env error."""
     from seedq.envs import env_spec
 
-    env = getattr(args, "env", None) or TrainConfig.env
     try:
-        continuous = not env_spec(env).discrete
+        continuous = not env_spec(env or TrainConfig.env).discrete
     except ValueError:
         return TrainConfig()
     return config_lib.defaults_for(continuous)
 
 
-def _resumed_config(args: argparse.Namespace) -> TrainConfig:
-    """The saved config of the run in `--resume RUN_DIR` with the given flags applied."""
+def _saved_config(run_dir: str, flag: str) -> TrainConfig:
+    """The config.json of the run in `run_dir` (FileNotFoundError naming `flag` otherwise)."""
     import os
 
-    run_dir = args.resume
     if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"--resume {run_dir}: no such run directory")
+        raise FileNotFoundError(f"{flag} {run_dir}: no such run directory")
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"--resume {run_dir}: not a seedq run directory (no config.json)")
-    if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(run_dir):
-        raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
+        raise FileNotFoundError(f"{flag} {run_dir}: not a seedq run directory (no config.json)")
     try:
-        saved = config_lib.load(path)
+        return config_lib.load(path)
     except (ValueError, TypeError, KeyError) as e:
-        raise FileNotFoundError(f"--resume {run_dir}: config.json cannot be read ({e})") from None
-    return dataclasses.replace(config_from_args(args, base=saved), logdir=run_dir)
+        raise FileNotFoundError(f"{flag} {run_dir}: config.json cannot be read ({e})") from None
+
+
+def _has_checkpoint(run_dir: str) -> bool:
+    from seedq.learner import checkpoint
+
+    try:
+        checkpoint.locate(run_dir)
+    except checkpoint.CheckpointError:
+        return False
+    return True
+
+
+def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
+    """The config of `seedq train|learner` and the run directory to resume (None: a fresh run).
+
+    Layers, later ones winning: the defaults for the env (or, resuming, the
+    run's saved config.json), the `--config` file, the flags given. `--resume
+    auto` resumes the run directory (`--logdir`, or the file's `logdir`) when it
+    holds a checkpoint and starts a fresh run in it otherwise.
+    """
+    import os
+
+    data = config_lib.read_json(args.config) if getattr(args, "config", None) else {}
+
+    def with_file(base: TrainConfig) -> TrainConfig:
+        try:
+            return config_lib.updated(base, data)
+        except ValueError as e:
+            raise ValueError(f"--config {args.config}: {e}") from None
+
+    resume = args.resume
+    if resume == "auto":
+        run_dir = args.logdir or data.get("logdir") or ""
+        if not run_dir:
+            raise ValueError("--resume auto needs the run directory: give --logdir DIR (or logdir in --config)")
+        resume = run_dir if _has_checkpoint(run_dir) else None
+        if resume is None:
+            args.logdir = run_dir  # a fresh run, in that directory
+    if resume is None:
+        base = with_file(_default_config(args.env or data.get("env")))
+        return config_from_args(args, base=base).resolved(), None
+    if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
+        raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
+    base = with_file(_saved_config(resume, "--resume"))
+    return dataclasses.replace(config_from_args(args, base=base), logdir=resume), resume
 
 
 def _add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
@@ -195,9 +238,15 @@ def _add_run_command(sub, name: str, *, summary: str, description: str, resume_n
     parser = sub.add_parser(name, help=summary, description=description, formatter_class=_HelpFormatter)
     add_config_flags(parser)
     parser.add_argument(
-        "--resume", metavar="RUN_DIR", default=None,
+        "--config", metavar="RUN.json", default=None,
+        help="start from this run config (a run's config.json, or a JSON object of some fields "
+        "written by hand; unknown fields are errors); flags given here override it",
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR|auto", default=None,
         help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
-        "(flags given here override it)" + resume_note,
+        "(flags given here override it)" + resume_note + "; `auto`: resume the --logdir run if it "
+        "has a checkpoint, else start a fresh run there (restarted pods and VMs)",
     )
     return parser
 
@@ -228,6 +277,8 @@ def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
     actor.add_argument("--verbose", action="store_true")
+    # TLS, token and keepalive of the channel to the learner (docs/security.md).
+    add_config_flags(actor, config_lib.ActorChannelConfig)
     # Env preprocessing happens in the actor: the same --atari.* / --dmc.* flags as the learner's.
     add_config_flags(actor, config_lib.EnvOptions)
 
@@ -445,7 +496,7 @@ def _compare(args: argparse.Namespace) -> int:
         else:
             if args.seeds <= 0:
                 raise ValueError(f"--seeds {args.seeds}: must be > 0")
-            base = config_from_args(args, base=_default_config(args))
+            base = config_from_args(args, base=_default_config(args.env))
             base.validate()
             result = compare.run(
                 base, compare.parse_configs(args.configs), args.seeds, args.out,
@@ -480,13 +531,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("train", "learner"):
         try:
-            if args.resume:
-                config = _resumed_config(args)
-            else:
-                config = config_from_args(args, base=_default_config(args)).resolved()
+            config, resume = run_config(args)
             config.validate()
-        except FileNotFoundError as e:
-            print(f"seedq {args.command}: {e.args[0]}", file=sys.stderr)
+        except (FileNotFoundError, OSError) as e:
+            print(f"seedq {args.command}: {e.args[0] if isinstance(e, FileNotFoundError) else e}",
+                  file=sys.stderr)
             return 1
         except (ValueError, TypeError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
@@ -503,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = local.train(
                 config, quiet=args.quiet, started=COMMAND_STARTED,
-                with_actors=args.command == "train", resume=args.resume,
+                with_actors=args.command == "train", resume=resume,
             )
         except (ValueError, OSError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)

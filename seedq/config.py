@@ -40,6 +40,81 @@ class ServerConfig:
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
+    # Dead-peer detection (docs/security.md): the learner pings each actor
+    # connection every keepalive_seconds without traffic, and a stream that
+    # sends nothing, or a connection that answers no ping, for
+    # peer_timeout_seconds is closed: the actor's env slots are freed and its
+    # partial unrolls dropped.
+    keepalive_seconds: float = 10.0
+    peer_timeout_seconds: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsConfig:
+    """The learner's TLS files (paths only; the files hold the key material)."""
+
+    # PEM certificate chain the learner presents (with `key`: TLS on).
+    cert: str = ""
+    # PEM private key of `cert`.
+    key: str = ""
+    # PEM CA that actor certificates must chain to (given: mutual TLS, actors without one are refused).
+    client_ca: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert or self.key)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuthConfig:
+    """Bearer-token authentication on the actor channel."""
+
+    # File holding the token (one line); every RPC must carry `authorization: Bearer <token>`.
+    token_file: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorTlsConfig:
+    """An actor's TLS files (paths only)."""
+
+    # PEM CA that the learner's certificate must chain to (given: the actor dials with TLS).
+    ca: str = ""
+    # PEM client certificate for a learner that requires mutual TLS (with `key`).
+    cert: str = ""
+    # PEM private key of `cert`.
+    key: str = ""
+    # Expect this name in the learner's certificate instead of the host dialled.
+    server_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorChannelConfig:
+    """How an actor's channel to the learner is secured and kept alive."""
+
+    tls: ActorTlsConfig = ActorTlsConfig()
+    auth: AuthConfig = AuthConfig()
+    # Ping the learner every this many seconds without traffic.
+    keepalive_seconds: float = 10.0
+    # A learner that answers no ping for this long is gone: reconnect.
+    peer_timeout_seconds: float = 30.0
+
+    def validate(self) -> None:
+        check_channel(self.keepalive_seconds, self.peer_timeout_seconds, "")
+        if bool(self.tls.cert) != bool(self.tls.key):
+            raise ValueError("--tls.cert and --tls.key go together (a client certificate needs its key)")
+        if self.tls.cert and not self.tls.ca:
+            raise ValueError("--tls.cert needs --tls.ca (the CA that signed the learner's certificate)")
+
+
+def check_channel(keepalive_seconds: float, peer_timeout_seconds: float, prefix: str) -> None:
+    """ValueError unless 0 < keepalive < peer timeout (a ping must fit in the timeout)."""
+    if keepalive_seconds <= 0:
+        raise ValueError(f"{prefix}keepalive_seconds={keepalive_seconds}: must be > 0")
+    if peer_timeout_seconds <= keepalive_seconds:
+        raise ValueError(
+            f"{prefix}peer_timeout_seconds={peer_timeout_seconds}: must be > "
+            f"{prefix}keepalive_seconds={keepalive_seconds} (a ping needs time to be answered)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +286,9 @@ class TrainConfig:
     logdir: str = ""  # default: runs/<agent>-<env>-<timestamp>
     # Address the learner listens on; default: a unix socket in the run dir.
     address: str = ""
+    # Serve a non-loopback TCP address with neither TLS nor a token (anyone
+    # who reaches the port can feed training data); refused without it.
+    insecure: bool = False
     log_every_seconds: float = 2.0
     # Training starts once this many actors are connected (0: start as they
     # arrive); mostly for `seedq learner` with actors on other machines.
@@ -235,6 +313,8 @@ class TrainConfig:
     # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
     actor_precision: str = "fp32"
     server: ServerConfig = ServerConfig()
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
     atari: AtariConfig = AtariConfig()
     dmc: DmcConfig = DmcConfig()
     vtrace: VTraceConfig = VTraceConfig()
@@ -286,6 +366,11 @@ class TrainConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name}={value}: must be > 0")
+        check_channel(self.server.keepalive_seconds, self.server.peer_timeout_seconds, "server.")
+        if bool(self.tls.cert) != bool(self.tls.key):
+            raise ValueError("tls.cert and tls.key go together (the learner's certificate and its key)")
+        if self.tls.client_ca and not self.tls.enabled:
+            raise ValueError("tls.client_ca needs tls.cert and tls.key (mutual TLS is TLS first)")
         if self.server.queue_capacity_unrolls < self.vtrace.batch_size:
             raise ValueError(
                 f"server.queue_capacity_unrolls={self.server.queue_capacity_unrolls} must be "
@@ -421,6 +506,46 @@ def from_dict(cls: type, data: dict) -> Any:
         else:
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def updated(config: Any, data: dict, where: str = "") -> Any:
+    """`config` with the (possibly partial, nested) fields in `data` replaced;
+    an unknown key is a ValueError naming it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'config'}: expected a JSON object, got {type(data).__name__}")
+    cls = type(config)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown field(s) {', '.join(where + k for k in unknown)}; "
+            f"valid{' in ' + where.rstrip('.') if where else ''}: {', '.join(sorted(names))}"
+        )
+    changes = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            changes[name] = updated(getattr(config, name), value, f"{where}{name}.")
+        elif typing.get_origin(hint) is tuple:
+            changes[name] = tuple(value)
+        else:
+            changes[name] = value
+    return dataclasses.replace(config, **changes)
+
+
+def read_json(path: str) -> dict:
+    """A run config file's JSON object; OSError / ValueError with a one-line message."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise OSError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields")
+    return data
 
 
 def load(path: str) -> TrainConfig:
