@@ -277,6 +277,8 @@ def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
     actor.add_argument("--verbose", action="store_true")
+    actor.add_argument("--print-config", action="store_true",
+                       help="print the resolved arguments as JSON and exit (starts nothing)")
     # TLS, token and keepalive of the channel to the learner (docs/security.md).
     add_config_flags(actor, config_lib.ActorChannelConfig)
     # Env preprocessing happens in the actor: the same --atari.* / --dmc.* flags as the learner's.
@@ -303,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
         resume_note="; running actors reconnect by themselves",
     )
     learner.add_argument("--quiet", action="store_true", help="no progress lines")
+    learner.add_argument("--print-config", action="store_true",
+                         help="print the resolved config as JSON and exit (starts nothing)")
 
     actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
     _add_actor_flags(actor)
@@ -362,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--plot-only", action="store_true",
                          help="only redraw plots and summary.md from OUT/results.csv and OUT/curves.csv")
 
+    _add_launch_commands(sub)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     tp = bench_sub.add_parser(
@@ -405,6 +411,110 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inf.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _add_launch_commands(sub) -> None:
+    """`seedq launch k8s | tpu-vm | gpu-vm`: every training flag plus the launcher's own."""
+    from seedq.launch.options import K8sOptions, VmOptions
+
+    launch = sub.add_parser("launch", help="run on Kubernetes or on cloud TPU/GPU VMs (launch/README.md)")
+    launch_sub = launch.add_subparsers(dest="launch", required=True)
+    k8s = launch_sub.add_parser(
+        "k8s", help="print Kubernetes manifests for a run (learner Indexed Job, actor Deployments, ...)",
+        description="Print Kubernetes manifests (multi-document YAML) for a run: the run config as a "
+        "ConfigMap, the learner as an Indexed Job with a headless Service, the actors as "
+        "Deployments, the run directory on a PersistentVolumeClaim; Secrets are referenced by name.",
+        formatter_class=_HelpFormatter,
+    )
+    add_config_flags(k8s, K8sOptions)
+    vms = []
+    for kind, what in (("tpu-vm", "a Cloud TPU VM (queued resource)"), ("gpu-vm", "a GPU VM")):
+        vm = launch_sub.add_parser(
+            kind, help=f"the gcloud commands that run the learner on {what} and actors on a managed "
+            "instance group (--dry-run prints them)",
+            description=f"Create {what}, install seedq, start the learner, create a managed instance "
+            "group of CPU actor VMs; --down deletes it all. Without --dry-run the commands run, "
+            "stopping at the first failure.",
+            formatter_class=_HelpFormatter,
+        )
+        add_config_flags(vm, VmOptions)
+        vm.add_argument("--dry-run", action="store_true", help="print the commands (a shell script) instead")
+        vm.add_argument("--down", action="store_true", help="the teardown commands instead")
+        vms.append(vm)
+    for parser in (k8s, *vms):
+        add_config_flags(parser)
+        parser.add_argument("--config", metavar="RUN.json", default=None,
+                            help="start from this run config; flags given here override it")
+
+
+def _launch_config(args: argparse.Namespace) -> TrainConfig:
+    """The run config of a launch: env defaults, then --config, then the flags (no timestamped logdir)."""
+    data = config_lib.read_json(args.config) if args.config else {}
+    try:
+        base = config_lib.updated(_default_config(args.env or data.get("env")), data)
+    except ValueError as e:
+        raise ValueError(f"--config {args.config}: {e}") from None
+    return config_from_args(args, base=base)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from seedq.launch.options import K8sOptions, VmOptions
+
+    prog = f"seedq launch {args.launch}"
+    try:
+        config = _launch_config(args)
+        if args.launch == "k8s":
+            from seedq.launch import k8s
+
+            given = [name for name in k8s.RENDER_OWNED if getattr(args, name, None) is not None]
+            if given:
+                raise ValueError(
+                    f"--{given[0].replace('_', '-')} is set by the render (the learner serves "
+                    "0.0.0.0:--port; credentials come from the Secrets named by --tls-mode, "
+                    "--learner-tls-secret, --actor-tls-secret, --token-secret)"
+                )
+            sys.stdout.write(k8s.render(config, config_from_args(args, K8sOptions)))
+            return 0
+        from seedq.launch import gcloud
+
+        opts = config_from_args(args, VmOptions)
+        kind = "tpu" if args.launch == "tpu-vm" else "gpu"
+        if args.down:
+            steps = gcloud.teardown_plan(config, opts, kind)
+        else:
+            steps = (gcloud.tpu_vm_plan if kind == "tpu" else gcloud.gpu_vm_plan)(config, opts)
+    except (ValueError, OSError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        sys.stdout.write(gcloud.to_shell(steps))
+        return 0
+    code = gcloud.run_plan(steps, log=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
+    return code
+
+
+def _print_actor_config(args: argparse.Namespace) -> int:
+    """`seedq actor|impala-actor --print-config`: the arguments as the actor would use them."""
+    import os
+
+    channel = config_from_args(args, config_lib.ActorChannelConfig)
+    try:
+        channel.validate()
+        for flag, path in (("--tls.ca", channel.tls.ca), ("--tls.cert", channel.tls.cert),
+                           ("--tls.key", channel.tls.key), ("--auth.token-file", channel.auth.token_file)):
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{flag} {path}: no such file")
+    except ValueError as e:
+        print(f"seedq {args.command}: {e}", file=sys.stderr)
+        return 2
+    plain = {k: v for k, v in vars(args).items() if "." not in k and k not in ("command", "print_config")}
+    out = {
+        "command": args.command, **plain,
+        "channel": config_lib.to_dict(channel),
+        "env_options": config_lib.to_dict(config_from_args(args, config_lib.EnvOptions)),
+    }
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
 
 
 def _csv(kind):
@@ -517,6 +627,10 @@ def main(argv: list[str] | None = None) -> int:
     if extras:
         print(_unknown_arguments_message(parser, args, extras), file=sys.stderr)
         return 2
+    if args.command in ("actor", "impala-actor") and args.print_config:
+        return _print_actor_config(args)
+    if args.command == "launch":
+        return _launch(args)
     if args.command == "actor":
         from seedq.actor import seed_actor
 

@@ -1,0 +1,135 @@
+"""The launchers' own options (flags of `seedq launch ...`), apart from the run config.
+
+Plain dataclasses like seedq.config's: the CLI derives one flag per field and
+the comment above a field is its help. Kept free of heavy imports, since
+every `seedq` command builds the parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from seedq.launch.tpu import tpu_slice
+
+ACCELERATORS = ("tpu", "gpu", "cpu")
+TLS_MODES = ("none", "server", "mutual")
+# TPU software versions (Cloud TPU "TPU software versions" page) per generation.
+RUNTIME_VERSIONS = {"v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
+                    "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
+
+
+@dataclasses.dataclass(frozen=True)
+class K8sOptions:
+    """What the manifests need besides the run config (`seedq launch k8s` flags)."""
+
+    # Learner hardware: tpu (a GKE TPU slice), gpu (one node's GPUs) or cpu.
+    accelerator: str = ""
+    # Cloud TPU type, e.g. v5litepod-16 (with --accelerator tpu).
+    tpu_type: str = ""
+    # GPUs of the learner pod (with --accelerator gpu).
+    gpus: int = 1
+    # GKE GPU node label cloud.google.com/gke-accelerator, e.g. nvidia-l4 ("" : any GPU node).
+    gpu_type: str = ""
+    # Container image with seedq installed (Dockerfile), e.g. us-docker.pkg.dev/PROJECT/seedq/seedq:0.1.0.
+    image: str = ""
+    # Prefix of every object's name.
+    name: str = "seedq"
+    # Port the learner serves actors on.
+    port: int = 50051
+    # Actor channel: mutual (learner and actor certificates), server (learner
+    # certificate only) or none; see the note on probes in launch/README.md.
+    tls_mode: str = "mutual"
+    # Secret with tls.crt, tls.key (the learner's certificate) and ca.crt.
+    learner_tls_secret: str = "seedq-learner-tls"
+    # Secret with ca.crt (and tls.crt, tls.key: the actors' client certificate for mutual TLS).
+    actor_tls_secret: str = "seedq-actor-tls"
+    # Secret with the bearer token under the key `token` ("" : no token).
+    token_secret: str = "seedq-token"
+    # PersistentVolumeClaim size for the run directory.
+    storage: str = "20Gi"
+    # StorageClass of the run volume ("" : the cluster default; a multi-host
+    # learner needs one that supports ReadWriteMany, e.g. GKE Filestore).
+    storage_class: str = ""
+    # CPU and memory requests of each learner pod (TPU hosts have many more).
+    learner_cpu: str = "8"
+    learner_memory: str = "32Gi"
+    # CPU and memory requests of each actor pod (one actor process each).
+    actor_cpu: str = "1"
+    actor_memory: str = "1Gi"
+
+    def validate(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(f"--accelerator {self.accelerator or '(missing)'}: choose one of {', '.join(ACCELERATORS)}")
+        if self.accelerator == "tpu":
+            tpu_slice(self.tpu_type)
+        elif self.tpu_type:
+            raise ValueError(f"--tpu-type needs --accelerator tpu (got --accelerator {self.accelerator})")
+        if self.accelerator == "gpu" and self.gpus <= 0:
+            raise ValueError(f"--gpus {self.gpus}: must be > 0")
+        if not self.image:
+            raise ValueError("--image is required (an image with seedq installed; see the Dockerfile)")
+        if self.tls_mode not in TLS_MODES:
+            raise ValueError(f"--tls-mode {self.tls_mode}: choose one of {', '.join(TLS_MODES)}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port {self.port}: must be in 1..65535")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class VmOptions:
+    """Where and how to run (flags of `seedq launch tpu-vm` and `seedq launch gpu-vm`)."""
+
+    # Prefix of every resource's name (VM, queued resource, template, group, secrets, firewall rule).
+    name: str = "seedq"
+    # Compute zone, e.g. us-central2-b (required).
+    zone: str = ""
+    # Project ("" : gcloud's configured project).
+    project: str = ""
+    # What to `pip install`: a package name (from the package index), a wheel
+    # URL, or a local wheel file (copied to the VMs).
+    install: str = "seedq"
+    # Port the learner serves actors on.
+    port: int = 50051
+    # Network of the VMs and the firewall rule.
+    network: str = "default"
+    # Actor VMs: machine type and actor processes per VM (the group has
+    # ceil(num_actors / actor_processes_per_vm) VMs).
+    actor_machine_type: str = "n2-standard-32"
+    actor_processes_per_vm: int = 30
+    # TPU: accelerator type (v5litepod-16, v4-8, ...) and TPU software version
+    # ("" : the generation's base image, see RUNTIME_VERSIONS).
+    tpu_type: str = "v5litepod-8"
+    runtime_version: str = ""
+    # GPU VM: machine type, accelerator type and count, boot image.
+    machine_type: str = "g2-standard-16"
+    gpu_type: str = "nvidia-l4"
+    gpus: int = 1
+    image_family: str = "common-cu128-ubuntu-2204-nvidia-570"
+    image_project: str = "deeplearning-platform-release"
+    # Spot (preemptible) capacity, or a reservation (TPU: --reserved).
+    spot: bool = False
+    reserved: bool = False
+    # The CA the actors trust and the client certificate they present (files
+    # here; the learner's own are --tls.cert/--tls.key/--tls.client-ca).
+    actor_tls_ca: str = ""
+    actor_tls_cert: str = ""
+    actor_tls_key: str = ""
+    # Name the actors expect in the learner's certificate (they dial its IP address).
+    tls_server_name: str = ""
+
+    def validate(self, kind: str) -> None:
+        if not self.zone:
+            raise ValueError("--zone is required (e.g. --zone us-central2-b)")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?", self.name):
+            raise ValueError(f"--name {self.name!r}: lower-case letters, digits and dashes (a GCE resource name)")
+        if self.spot and self.reserved:
+            raise ValueError("--spot and --reserved exclude each other")
+        if self.reserved and kind != "tpu":
+            raise ValueError("--reserved is for TPU queued resources (GPU VMs: use a reservation affinity by hand)")
+        if self.actor_processes_per_vm <= 0:
+            raise ValueError(f"--actor-processes-per-vm {self.actor_processes_per_vm}: must be > 0")
+        if kind == "gpu" and self.gpus <= 0:
+            raise ValueError(f"--gpus {self.gpus}: must be > 0")
+        if bool(self.actor_tls_cert) != bool(self.actor_tls_key):
+            raise ValueError("--actor-tls-cert and --actor-tls-key go together")

@@ -1,0 +1,465 @@
+"""`seedq launch`: Kubernetes renders validate offline and their command lines
+parse with seedq's own CLI; the committed examples are fresh; the gcloud
+plans use the documented forms and carry the token and address through."""
+
+import contextlib
+import copy
+import io
+import json
+import os
+import pathlib
+import re
+import shlex
+import stat
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from seedq import cli
+from seedq.launch import gcloud, k8s
+from seedq.launch.options import K8sOptions, VmOptions
+from seedq.launch.tpu import tpu_slice
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+K8S_VERSION = "1.30.0"
+
+
+def run_cli(argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def render_cli(*flags) -> list[dict]:
+    code, out, err = run_cli(["launch", "k8s", *flags])
+    assert code == 0, err
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+# Renders beyond the committed examples: other slice shapes, IMPALA and R2D2 actors, server TLS.
+EXTRA_RENDERS = {
+    "v4-16 impala": ["--accelerator", "tpu", "--tpu-type", "v4-16", "--image", "img:1",
+                     "--architecture", "impala", "--num-actors", "5", "--tls-mode", "server"],
+    "v6e-8 single host": ["--accelerator", "tpu", "--tpu-type", "v6e-8", "--image", "img:1"],
+    "gpu x8 r2d2": ["--accelerator", "gpu", "--gpus", "8", "--image", "img:1", "--agent", "r2d2",
+                    "--env", "ALE/Breakout-v5", "--atari.screen-size", "64", "--token-secret", ""],
+    "cpu insecure": ["--accelerator", "cpu", "--image", "img:1", "--tls-mode", "none",
+                     "--token-secret", "", "--insecure"],
+}
+
+
+def all_renders() -> dict[str, list[dict]]:
+    renders = {name: [d for d in yaml.safe_load_all(text) if d] for name, text in k8s.example_files().items()}
+    renders.update({name: render_cli(*flags) for name, flags in EXTRA_RENDERS.items()})
+    return renders
+
+
+@pytest.fixture(scope="module")
+def renders():
+    return all_renders()
+
+
+def test_every_render_validates_strictly_for_kubernetes_1_30(renders):
+    for name, docs in renders.items():
+        for doc in docs:
+            # Raises on a schema error; a missing schema (what the CLI prints as a
+            # warning) raises SchemaNotFoundError, so "no warnings" is asserted too.
+            assert kubernetes_validate.validate(doc, K8S_VERSION, strict=True) == "1.30", name
+    # The check has teeth: an unknown field and a wrong type are refused.
+    job = copy.deepcopy(next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job"))
+    job["spec"]["template"]["spec"]["containers"][0]["gpuCount"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    job = copy.deepcopy(next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job"))
+    job["spec"]["completions"] = "four"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+
+
+def test_committed_examples_validate_with_the_cli_and_are_fresh():
+    for name, text in k8s.example_files().items():
+        path = REPO / "launch" / "k8s" / name
+        assert path.read_text() == text, (
+            f"{path} is stale: regenerate with `python -m seedq.launch.k8s --write launch/k8s`")
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", K8S_VERSION,
+         *sorted(str(p) for p in (REPO / "launch" / "k8s").glob("*.yaml"))],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARN" not in result.stdout and "ERROR" not in result.stdout, result.stdout
+    # The header's command reproduces the example byte for byte (after the two comment lines).
+    header = (REPO / "launch" / "k8s" / "gpu.yaml").read_text().splitlines()[0]
+    argv = shlex.split(header.removeprefix("# Rendered by: "))[1:]
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert out == "".join(k8s.example_files()["gpu.yaml"].splitlines(keepends=True)[2:])
+
+
+def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
+    docs = renders["tpu-v5litepod-16.yaml"]
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service", "Job"] + ["Deployment"] * 4
+    assert "Secret" not in kinds and not any("Role" in k for k in kinds)
+    service = docs[2]
+    assert service["spec"]["clusterIP"] == "None"
+    job = docs[3]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"] == "pong-tpu-learner"
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                                   "cloud.google.com/gke-tpu-topology": "4x4"}
+    assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
+    assert docs[1]["spec"]["accessModes"] == ["ReadWriteMany"]
+    deployments = docs[4:]
+    assert sum(d["spec"]["replicas"] for d in deployments) == 16  # the config's num_actors
+    servers = [d["spec"]["template"]["spec"]["containers"][0]["command"] for d in deployments]
+    assert [c[c.index("--server") + 1] for c in servers] == [
+        f"pong-tpu-learner-{i}.pong-tpu-learner:50051" for i in range(4)]
+    for d in deployments:
+        anti = d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]["matchLabels"] == \
+            service["spec"]["selector"]
+
+
+def test_gpu_and_cpu_renders(renders):
+    job = next(d for d in renders["gpu x8 r2d2"] if d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert job["spec"]["completions"] == 1
+    gpu = next(d for d in renders["gpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    assert gpu["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    # No TLS on the port: the native gRPC probe asks the health service.
+    assert gpu["containers"][0]["livenessProbe"]["grpc"] == {"port": 50051}
+    assert gpu["containers"][0]["readinessProbe"]["grpc"] == {"port": 50051}
+    cpu = next(d for d in renders["cpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    assert "limits" not in cpu["containers"][0]["resources"] and "nodeSelector" not in cpu
+
+
+def test_renders_are_deterministic_and_hold_no_key_material(renders):
+    flags = EXTRA_RENDERS["v4-16 impala"]
+    first = run_cli(["launch", "k8s", *flags])[1]
+    assert first == run_cli(["launch", "k8s", *flags])[1]
+    for name, docs in renders.items():
+        text = yaml.safe_dump_all(docs)
+        assert "BEGIN" not in text and "PRIVATE KEY" not in text, name
+        for doc in docs:
+            for volume in _pod(doc).get("volumes", []) if _pod(doc) else []:
+                if "secret" in volume:
+                    assert set(volume["secret"]) == {"secretName", "defaultMode"}, name
+
+
+def _pod(doc: dict) -> dict | None:
+    return doc["spec"]["template"]["spec"] if doc["kind"] in ("Job", "Deployment") else None
+
+
+# Files each Secret provides (launch/README.md's `kubectl create secret` commands).
+SECRET_KEYS = {"tls": (k8s.TLS_CERT, k8s.TLS_KEY, k8s.TLS_CA), "token": (k8s.TOKEN_KEY,)}
+
+
+def _stub_pod_files(doc: dict, root: pathlib.Path, docs: list[dict]) -> dict[str, str]:
+    """Creates under `root` the files a pod of `doc` would see at its mounts;
+    returns {path in the pod: path here}."""
+    pod = _pod(doc)
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mapping = {}
+    for mount in container["volumeMounts"]:
+        here = root / mount["mountPath"].lstrip("/")
+        here.mkdir(parents=True, exist_ok=True)
+        mapping[mount["mountPath"]] = str(here)
+        volume = volumes[mount["name"]]
+        if "secret" in volume:
+            for key in SECRET_KEYS[mount["name"]]:
+                (here / key).write_text("stub\n")
+        if "configMap" in volume:
+            (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"
+                             and d["metadata"]["name"] == volume["configMap"]["name"]]
+            for key, text in config_map["data"].items():
+                (here / key).write_text(text)
+    return mapping
+
+
+def _localise(words: list[str], mapping: dict[str, str]) -> list[str]:
+    out = []
+    for word in words:
+        for pod_path, here in sorted(mapping.items(), key=lambda kv: -len(kv[0])):
+            word = re.sub(re.escape(pod_path) + r"(?=/|$)", here, word)
+        out.append(word.replace("$(POD_NAME)", "pong-actors-7d9c-x2"))
+    return out
+
+
+def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path):
+    for name, docs in renders.items():
+        for doc in (d for d in docs if d["kind"] in ("Job", "Deployment")):
+            root = tmp_path / f"{name}-{doc['metadata']['name']}".replace(" ", "_")
+            mapping = _stub_pod_files(doc, root, docs)
+            (container,) = _pod(doc)["containers"]
+            command = container["command"]
+            assert command[0] == "seedq"
+            if doc["kind"] == "Job":
+                # The run config is read from the ConfigMap, with pod paths: localise them too.
+                config_path = pathlib.Path(mapping[k8s.CONFIG_DIR]) / "config.json"
+                config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
+                                                           {**mapping, k8s.RUNS_DIR: str(root / "runs")})))
+            code, out, err = run_cli(_localise(command[1:], mapping) + ["--print-config"])
+            assert code == 0, f"{name} {doc['metadata']['name']}: {err}"
+            printed = json.loads(out)
+            if doc["kind"] == "Job":
+                assert command[1:] == ["learner", "--config", f"{k8s.CONFIG_DIR}/config.json", "--resume", "auto"]
+                assert printed["address"] == "0.0.0.0:50051"
+                assert printed["logdir"].startswith(str(root / "runs"))
+                for path in (printed["tls"]["cert"], printed["tls"]["key"], printed["tls"]["client_ca"],
+                             printed["auth"]["token_file"]):
+                    assert not path or os.path.isfile(path), f"{name}: {path} is not in a mounted Secret"
+                tls = next((m for m in container["volumeMounts"] if m["name"] == "tls"), None)
+                assert bool(printed["tls"]["cert"]) == bool(tls)
+            else:
+                assert printed["command"] in ("actor", "impala-actor")
+                assert printed["actor_id"] == "pong-actors-7d9c-x2"
+                host, port = printed["server"].rsplit(":", 1)
+                assert re.fullmatch(r"[a-z0-9-]+-learner-\d+\.[a-z0-9-]+-learner", host) and port == "50051", host
+                config = json.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.json"])
+                assert printed["env"] == config["env"]
+                assert printed["num_envs"] == config["envs_per_actor"]
+                assert printed["env_options"] == {"atari": config["atari"], "dmc": config["dmc"]}
+                assert bool(printed["channel"]["auth"]["token_file"]) == bool(config["auth"]["token_file"])
+                assert bool(printed["channel"]["tls"]["ca"]) == bool(config["tls"]["cert"])
+                assert bool(printed["channel"]["tls"]["cert"]) == bool(config["tls"]["client_ca"])
+                assert (printed["command"] == "impala-actor") == (config["architecture"] == "impala")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--accelerator", "tpu", "--tpu-type", "v5litepod-12", "--image", "i"], "not a slice size"),
+    (["--accelerator", "tpu", "--tpu-type", "v9-8", "--image", "i"], "expected v5litepod-N"),
+    (["--accelerator", "gpu"], "--image is required"),
+    (["--accelerator", "quantum", "--image", "i"], "--accelerator quantum"),
+    (["--accelerator", "cpu", "--image", "i", "--address", "0.0.0.0:1"], "--address is set by the render"),
+    (["--accelerator", "cpu", "--image", "i", "--tls-mode", "none", "--token-secret", ""], "--insecure"),
+    (["--accelerator", "cpu", "--image", "i", "--logdir", "runs/x"], "under /runs/"),
+])
+def test_bad_launch_input_is_one_line(flags, message):
+    code, out, err = run_cli(["launch", "k8s", *flags])
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_tpu_slice_table():
+    assert (tpu_slice("v5litepod-16").hosts, tpu_slice("v5litepod-16").topology) == (4, "4x4")
+    assert (tpu_slice("v5litepod-8").hosts, tpu_slice("v5litepod-8").chips_per_host) == (1, 8)
+    assert (tpu_slice("v4-8").chips, tpu_slice("v4-8").hosts, tpu_slice("v4-8").topology) == (4, 1, "2x2x1")
+    assert (tpu_slice("v4-16").hosts, tpu_slice("v4-16").topology) == (2, "2x2x2")
+    assert (tpu_slice("v5p-128").hosts, tpu_slice("v5p-128").gke_accelerator) == (16, "tpu-v5p-slice")
+    assert (tpu_slice("v6e-256").hosts, tpu_slice("v6e-256").topology) == (64, "16x16")
+    with pytest.raises(ValueError, match="v4-8, v4-16"):
+        tpu_slice("v4-12")
+
+
+def test_actor_replicas_spread_over_hosts():
+    assert k8s.actor_replicas(10, 4) == [3, 3, 2, 2]
+    assert k8s.actor_replicas(3, 1) == [3]
+
+
+# --- gcloud plans ---
+
+@pytest.fixture
+def token(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret-token\n")
+    return str(path)
+
+
+def dry_run(kind, *flags) -> str:
+    code, out, err = run_cli(["launch", kind, "--dry-run", *flags])
+    assert code == 0, err
+    return out
+
+
+def _commands(script: str) -> list[list[str]]:
+    """The plan's command lines (shell words), without heredoc bodies and comments."""
+    commands, in_heredoc = [], False
+    for line in script.splitlines():
+        if in_heredoc:
+            in_heredoc = line != "EOF"
+            continue
+        if line.startswith("cat > "):
+            in_heredoc = True
+            continue
+        if line.startswith("#") or line.startswith("set "):
+            continue
+        line = re.sub(r"^(\w+)=\$\((.*)\)$", r"\2", line)
+        line = re.sub(r'^until \[ "\$\((.*)\)" = \w+ \]; do sleep \d+; done$', r"\1", line)
+        commands.append(shlex.split(line))
+    return commands
+
+
+def _heredoc(script: str) -> str:
+    return script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+
+
+def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_path):
+    script = dry_run("tpu-vm", "--zone", "us-central2-b", "--project", "proj", "--tpu-type", "v4-16",
+                     "--spot", "--auth.token-file", token, "--env", "CartPole-v1", "--num-actors", "40",
+                     "--actor-processes-per-vm", "16")
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    commands = _commands(script)
+    create = commands[0]
+    assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
+    for flag in ("--node-id=seedq", "--accelerator-type=v4-16", "--runtime-version=tpu-ubuntu2204-base",
+                 "--spot"):
+        assert flag in create
+    assert create[-4:] == ["--zone", "us-central2-b", "--project", "proj"]
+    scp = next(c for c in commands if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"])
+    assert scp[5:8] == [token, "seedq:seedq/token", "--worker=all"]
+    start = [c for c in commands if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]][-1]
+    assert "--worker=all" in start
+    remote = next(w for w in start if w.startswith("--command=")).removeprefix("--command=")
+    learner = shlex.split(remote.split("nohup ", 1)[1].split(" > ", 1)[0])
+    assert learner[:2] == ["seedq/venv/bin/seedq", "learner"]
+    assert learner[learner.index("--auth.token-file") + 1] == "seedq/token"
+    assert learner[-2:] == ["--resume", "auto"]
+    # The learner command parses with seedq's CLI, the token at its copied path.
+    (tmp_path / "seedq").mkdir()
+    (tmp_path / "seedq" / "token").write_text("x\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, out, err = run_cli(learner[1:] + ["--print-config"])
+    finally:
+        os.chdir(cwd)
+    assert code == 0, err
+    printed = json.loads(out)
+    assert printed["address"] == "0.0.0.0:50051" and printed["auth"]["token_file"] == "seedq/token"
+    assert printed["num_actors"] == 40
+    # The token goes to Secret Manager for the actor VMs, the learner's address to their metadata.
+    assert ["gcloud", "secrets", "create", "seedq-token", f"--data-file={token}", "--project", "proj"] in commands
+    template = next(c for c in commands if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
+    assert "--metadata=seedq-learner=${LEARNER_IP}:50051" in template
+    assert "--metadata-from-file=startup-script=seedq-actor-startup.sh" in template
+    assert '"--metadata=seedq-learner=${LEARNER_IP}:50051"' in script  # the shell expands it
+    describe = next(c for c in commands if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "describe"])
+    assert "LEARNER_IP=$(" + shlex.join(describe) + ")" in script
+    group = next(c for c in commands if c[:5] == ["gcloud", "compute", "instance-groups", "managed", "create"])
+    assert "--size=3" in group and "--template=seedq-actor" in group  # ceil(40 / 16)
+    firewall = next(c for c in commands if c[:4] == ["gcloud", "compute", "firewall-rules", "create"])
+    assert "--allow=tcp:50051" in firewall and "--source-tags=seedq-actor" in firewall
+
+
+def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(token, tmp_path):
+    script = dry_run("gpu-vm", "--zone", "europe-west4-a", "--auth.token-file", token,
+                     "--env", "ALE/Pong-v5", "--envs-per-actor", "24", "--atari.screen-size", "64")
+    startup = _heredoc(script)
+    subprocess.run(["bash", "-n"], input=startup, text=True, check=True)
+    assert "gcloud secrets versions access latest --secret=seedq-token > /etc/seedq/seedq-token" in startup
+    assert "instance/attributes/seedq-learner" in startup
+    exec_start = next(l for l in startup.splitlines() if l.startswith("ExecStart="))
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    assert words[:4] == ["/opt/seedq/bin/seedq", "actor", "--server", "${LEARNER}"]
+    # As systemd would run it: ${LEARNER} from learner.env, %H the host, %i the unit instance.
+    (tmp_path / "seedq-token").write_text("x\n")
+    argv = [w.replace("${LEARNER}", "10.128.0.7:50051").replace("%H", "actor-vm-1").replace("%i", "3")
+            .replace("/etc/seedq/", f"{tmp_path}/") for w in words[1:]]
+    code, out, err = run_cli(argv + ["--print-config"])
+    assert code == 0, err
+    printed = json.loads(out)
+    assert printed["server"] == "10.128.0.7:50051" and printed["actor_id"] == "actor-vm-1-3"
+    assert printed["channel"]["auth"]["token_file"] == f"{tmp_path}/seedq-token"
+    assert printed["num_envs"] == 24 and printed["env_options"]["atari"]["screen_size"] == 64
+    commands = _commands(script)
+    create = commands[0]
+    assert create[:5] == ["gcloud", "compute", "instances", "create", "seedq-learner"]
+    for flag in ("--accelerator=type=nvidia-l4,count=1", "--maintenance-policy=TERMINATE",
+                 "--image-family=common-cu128-ubuntu-2204-nvidia-570",
+                 "--image-project=deeplearning-platform-release"):
+        assert flag in create
+    assert ["gcloud", "compute", "scp", token, "seedq-learner:seedq/token", "--zone", "europe-west4-a"] in commands
+    assert any("jax[cuda12]" in word for command in commands for word in command)
+
+
+def test_teardown_and_refusals(token):
+    down = _commands(dry_run("tpu-vm", "--zone", "z", "--down", "--auth.token-file", token))
+    assert down[0][:5] == ["gcloud", "compute", "instance-groups", "managed", "delete"]
+    assert ["gcloud", "secrets", "delete", "seedq-token", "--quiet"] in down
+    assert down[-1][:5] == ["gcloud", "compute", "tpus", "queued-resources", "delete"]
+    assert "--force" in down[-1]
+    code, out, err = run_cli(["launch", "tpu-vm", "--zone", "z", "--dry-run"])
+    assert code == 2 and "--auth.token-file" in err and err.count("\n") == 1
+    code, out, err = run_cli(["launch", "gpu-vm", "--zone", "z", "--dry-run", "--auth.token-file", "/no/such"])
+    assert code == 2 and "/no/such: no such file" in err
+
+
+def test_without_dry_run_the_commands_run_and_stop_at_the_first_failure(token, tmp_path, monkeypatch):
+    """A stand-in `gcloud` on PATH records its argv; it answers the describe calls and fails
+    creating the instance group."""
+    log = tmp_path / "calls.jsonl"
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if "--format=value(state.state)" in args:
+    print("ACTIVE")
+if "--format=value(networkEndpoints[0].ipAddress)" in args:
+    print("10.130.0.9")
+sys.exit(3 if args[:3] == ["compute", "instance-groups", "managed"] else 0)
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["launch", "tpu-vm", "--zone", "z", "--auth.token-file", token])
+    assert code == 3
+    assert err.splitlines()[-1].startswith("seedq launch tpu-vm: failed (exit 3): gcloud compute instance-groups")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[-1][:4] == ["compute", "instance-groups", "managed", "create"]
+    template = next(c for c in calls if c[:2] == ["compute", "instance-templates"])
+    assert "--metadata=seedq-learner=10.130.0.9:50051" in template  # the captured address
+    assert (tmp_path / "seedq-actor-startup.sh").read_text().startswith("#!/bin/bash")
+
+
+# --- launch/README.md and the image ---
+
+def _readme_commands(prefix: str) -> list[list[str]]:
+    """The README's shell commands starting with `prefix` (continuation lines joined)."""
+    text = (REPO / "launch" / "README.md").read_text().replace("\\\n", " ")
+    return [shlex.split(line.split(" > ")[0].split(" | ")[0].strip())
+            for line in text.splitlines() if line.strip().startswith(prefix)]
+
+
+def test_readme_gke_command_renders_the_committed_tpu_example():
+    (command,) = _readme_commands("seedq launch k8s")
+    code, out, err = run_cli(command[1:])
+    assert code == 0, err
+    committed = (REPO / "launch" / "k8s" / "tpu-v5litepod-16.yaml").read_text()
+    assert out == "".join(committed.splitlines(keepends=True)[2:])
+
+
+def test_readme_learner_and_actor_examples_follow_the_credentials_rule():
+    learners = _readme_commands("seedq learner")
+    actors = _readme_commands("seedq actor") + _readme_commands("seedq impala-actor")
+    assert learners and actors
+    for command in learners:
+        if "--address" in command and not command[command.index("--address") + 1].startswith(("unix:", "127.")):
+            assert {"--auth.token-file", "--tls.cert", "--insecure"} & set(command), command
+    for command in actors:
+        assert {"--auth.token-file", "--tls.ca"} & set(command), command
+
+
+def test_dockerfile_installs_like_the_readme():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    readme = (REPO / "launch" / "README.md").read_text()
+    instructions = "\n".join(line for line in dockerfile.splitlines() if not line.lstrip().startswith("#"))
+    pip_lines = re.findall(r"pip install [^&\n\\;]+", instructions)
+    assert [line.strip() for line in pip_lines] == ["pip install .", 'pip install -U "$JAX_EXTRA"']
+    # The README's install commands, with the build argument's two values.
+    assert "\npip install .\n" in readme
+    assert 'pip install -U "jax[tpu]"' in readme and 'pip install -U "jax[cuda12]"' in readme
+    assert re.search(r"ARG JAX_EXTRA=", dockerfile) and "jax[cuda12]" in dockerfile and "jax[tpu]" in dockerfile
+    assert ".venv" in (REPO / ".dockerignore").read_text().split()
