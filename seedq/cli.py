@@ -1,4 +1,4 @@
-"""`seedq train | learner | actor | eval | bench` command line.
+"""`seedq train | learner | actor | eval | certs | bench` command line.
 
 Config flags are derived from the dataclasses in `seedq.config`: every field
 of `TrainConfig` is `--field-name`, nested sections are `--section.field-name`
@@ -344,6 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also render one episode (seed SEED) with rgb_array and write it here")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
 
+    certs = sub.add_parser(
+        "certs",
+        help="make a CA plus learner (server) and actor (client) certificates and a token for a cluster",
+        description="Writes OUT/ca.pem, ca-key.pem, server.pem, server-key.pem, client.pem, "
+        "client-key.pem and token (keys and token mode 0600). The learner takes --tls.cert "
+        "server.pem --tls.key server-key.pem [--tls.client-ca ca.pem] --auth.token-file token; "
+        "actors take --tls.ca ca.pem [--tls.cert client.pem --tls.key client-key.pem] "
+        "--auth.token-file token. See docs/security.md.",
+        formatter_class=_HelpFormatter,
+    )
+    certs.add_argument("--out", required=True, help="output directory")
+    certs.add_argument("--hosts", type=_csv(str), default=",".join(("localhost", "127.0.0.1", "::1")),
+                       help="names and IP addresses actors dial the learner by (the server "
+                       "certificate's subject alternative names)")
+    certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
+
     compare = sub.add_parser(
         "compare",
         help="IMPALA vs SEED and int8 vs fp32 actors: runs each configuration with identical "
@@ -671,7 +687,19 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
+        # SIGTERM (stop_reason "terminated") is a clean stop: checkpointed, exit 0.
         return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
+
+    if args.command == "certs":
+        from seedq import certs as certs_lib
+
+        try:
+            paths = certs_lib.make(args.out, args.hosts, args.days)
+        except (ValueError, OSError) as e:
+            print(f"seedq certs: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote {', '.join(sorted(paths))} to {args.out}")
+        return 0
 
     if args.command == "compare":
         return _compare(args)

@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
+from seedq import channel
 from seedq import config as config_lib
 from seedq.cli import config_flags
 from seedq.config import TrainConfig
@@ -50,9 +52,29 @@ def actor_command(
     # Preprocessing runs in the actor and must match the learner's spec: pass
     # every --atari.* / --dmc.* option that differs from the defaults.
     cmd += config_flags(config.env_options, config_lib.EnvOptions)
+    # The learner's token and keepalive settings (TLS is refused in local mode: see train()).
+    cmd += config_flags(local_channel_config(config), config_lib.ActorChannelConfig)
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd
+
+
+def local_channel_config(config: TrainConfig) -> config_lib.ActorChannelConfig:
+    """How the local actors dial this learner: its token and keepalive settings."""
+    return config_lib.ActorChannelConfig(
+        auth=config.auth, keepalive_seconds=config.server.keepalive_seconds,
+        peer_timeout_seconds=config.server.peer_timeout_seconds,
+    )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a preempted VM, a deleted pod): stop like Ctrl-C, then exit 0."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    # Once: a second SIGTERM must not interrupt the final checkpoint.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
 
 
 def spawn_actors(
@@ -100,6 +122,13 @@ def train(
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
+    address = config.address or default_address()
+    channel.check_exposure(config, address)
+    if with_actors and config.tls.enabled:
+        raise ValueError(
+            "tls.* is for `seedq learner` with actors given the CA (`seedq actor --tls.ca`); "
+            "`seedq train`'s local actors dial without TLS (use --auth.token-file on a TCP address)"
+        )
     env_spec(config.env, config.env_options)  # a bad env id fails here, before any process starts
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
@@ -115,7 +144,6 @@ def train(
             env=config.env,
         )
     os.makedirs(config.logdir, exist_ok=True)
-    address = config.address or default_address()
 
     # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
     stats_dir = os.path.join(config.logdir, "actors")
@@ -125,6 +153,9 @@ def train(
     learner = None
     reporter = None
     stop_reason = "error"
+    previous_sigterm = None
+    if threading.current_thread() is threading.main_thread():
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         learner = Learner(config, address)
         resumed = resumed_from = None
@@ -150,11 +181,13 @@ def train(
             config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from
         )
         stop_reason = reporter.run_until_done(actors)
-    except KeyboardInterrupt:
-        stop_reason = "interrupted"
+    except KeyboardInterrupt as e:
+        stop_reason = "terminated" if isinstance(e, Terminated) else "interrupted"
         if not quiet:
-            print("\ninterrupted: stopping actors and saving what was collected", flush=True)
+            print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
     finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
         if reporter is not None and stop_reason == "error":
             reporter.close_display()
         stop_actors(actors)
@@ -163,6 +196,8 @@ def train(
         if address.startswith("unix:") and os.path.exists(address[5:]):
             os.unlink(address[5:])
     summary = reporter.finish(stop_reason) if reporter is not None else None
+    if previous_sigterm is not None:
+        signal.signal(signal.SIGTERM, previous_sigterm)
     if summary is None:
         raise RuntimeError("the learner failed to start; see the log above")
     return summary

@@ -18,14 +18,16 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 
 import grpc
 import numpy as np
 
+from seedq import channel as channel_lib
 from seedq import grpc_setup
-from seedq.config import EnvOptions
+from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.wire import codec
 from seedq.wire.metered import ByteCounter, MeteredStub
@@ -196,22 +198,26 @@ async def run_actor(
     stats_skip_seconds: float = 0.0,
     options: EnvOptions = EnvOptions(),
     connection=None,
+    channel_config: ActorChannelConfig = ActorChannelConfig(),
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
     `retry_max_seconds` > 0 gives up after that long without a connection.
     `connection` serves one connection (default: the SEED stream; the IMPALA
     actor passes its own) with the keyword arguments of `_serve_one_connection`.
+    `channel_config` sets TLS, the token and keepalive; a refusal of those
+    credentials is a FatalActorError (retrying cannot fix it).
     """
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
     env = make_vector_env(env_id, num_envs, options=options)
     spec = codec.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
-    attempt = 0
+    attempt = suspected_in_a_row = 0
     try:
-        async with grpc.aio.insecure_channel(channel_target(address)) as channel:
-            stub = MeteredStub(channel, stats.bytes)
+        metadata = channel_lib.call_metadata(channel_config)
+        async with channel_lib.open_channel(channel_target(address), channel_config) as channel:
+            stub = MeteredStub(channel, stats.bytes, metadata)
             while True:
                 connections_before = stats.connections
                 try:
@@ -225,9 +231,17 @@ async def run_actor(
                 except grpc.aio.AioRpcError as e:
                     if e.code() in FATAL_CODES:
                         raise FatalActorError(f"learner refused actor {actor_id}: {e.details()}") from None
+                    refused = channel_lib.auth_failure(e)
+                    suspected = channel_lib.suspected_refusal(e, tls=bool(channel_config.tls.ca))
+                    suspected_in_a_row = suspected_in_a_row + 1 if suspected else 0
+                    if suspected_in_a_row >= channel_lib.SUSPECTED_REFUSALS_IN_A_ROW:
+                        refused = suspected
+                    if refused:
+                        raise FatalActorError(f"learner at {address} refused actor {actor_id}: {refused}") from None
                     reason = f"{e.code().name}: {e.details()}"
                 except ConnectionError as e:
                     reason = str(e)
+                    suspected_in_a_row = 0
                 attempt += 1
                 if stats.connections > connections_before:
                     # We had a learner and lost it: restart the backoff clock.
@@ -272,6 +286,15 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
         exit_with_parent(args.parent_pid)
     stats = ActorStats()
     actor_id = args.actor_id or f"{os.uname().nodename}-{os.getpid()}"
+    channel_config = config_from_args(args, ActorChannelConfig)
+    try:
+        channel_config.validate()
+        # Credential files are read now: a bad path is a one-line error, not a retry loop.
+        channel_lib.channel_credentials(channel_config)
+        channel_lib.call_metadata(channel_config)
+    except (ValueError, OSError) as e:
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        return 2
 
     async def _main():
         task = asyncio.current_task()
@@ -293,7 +316,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
             retry_max_seconds=args.retry_max_seconds, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
-            options=config_from_args(args, EnvOptions),
+            options=config_from_args(args, EnvOptions), channel_config=channel_config,
         )
         if args.max_seconds:
             try:

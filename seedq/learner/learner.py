@@ -158,8 +158,9 @@ class Learner:
     def _make_service(self) -> LearnerService:
         """SEED mode: central inference; IMPALA mode: parameter pulls and unroll pushes."""
         max_envs = self.config.server.max_envs_per_actor
+        peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
-            return LearnerService(self.inference, self.learner_run, max_envs)
+            return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
         from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
 
         # The agent as the actors run it: only its precision differs (ActorQ int8).
@@ -169,7 +170,7 @@ class Learner:
         return ImpalaLearnerService(
             self.inference, self.learner_run, max_envs, publisher=self.params_publisher,
             config_json=json.dumps(config_lib.to_dict(self.config)),
-            current_version=lambda: self.version,
+            current_version=lambda: self.version, peer_timeout_seconds=peer_timeout,
         )
 
     def _serve(self) -> None:
@@ -180,19 +181,25 @@ class Learner:
         self._shutdown_event = asyncio.Event()
         service = self._make_service()
         try:
-            server, self.address = await start_server(service, self.requested_address)
+            server, self.address, set_serving = await start_server(
+                service, self.requested_address, server_config=self.config.server,
+                tls=self.config.tls, auth=self.config.auth,
+            )
         except BaseException as e:  # reported to start()
             self._server_error = e
             self._server_ready.set()
             return
         batcher = asyncio.create_task(self.inference.run())
+        await set_serving(True)
         self._server_ready.set()
         try:
             await self._shutdown_event.wait()
         finally:
+            await set_serving(False)
             # Answer every waiting stream with UNAVAILABLE (actors reconnect
             # or exit) before the server stops taking messages.
             self.inference.close()
+            service.idle.close()
             await server.stop(grace=1.0)
             batcher.cancel()
 

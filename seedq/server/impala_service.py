@@ -61,8 +61,8 @@ class ParamsPublisher:
 
 class ImpalaLearnerService(LearnerService):
     def __init__(self, inference, learner_run: str, max_envs_per_actor: int, *,
-                 publisher: ParamsPublisher, config_json: str, current_version):
-        super().__init__(inference, learner_run, max_envs_per_actor)
+                 publisher: ParamsPublisher, config_json: str, current_version, **kwargs):
+        super().__init__(inference, learner_run, max_envs_per_actor, **kwargs)
         self.publisher = publisher
         self.config_json = config_json
         self.current_version = current_version  # () -> the learner's policy version
@@ -85,7 +85,14 @@ class ImpalaLearnerService(LearnerService):
             yield chunk
 
     async def PushUnrolls(self, request_iterator, context):
-        message = await context.read()
+        task = self.idle.register(context.peer())
+        try:
+            await self._push_unrolls(context, task)
+        finally:
+            self.idle.unregister(task)
+
+    async def _push_unrolls(self, context, task) -> None:
+        message = await self.read(context, task)
         if message is grpc.aio.EOF:
             return
         try:
@@ -99,6 +106,7 @@ class ImpalaLearnerService(LearnerService):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             return
         log.info("impala actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
+        self.idle.rename(task, f"actor {entry.actor_id}")
         table, queue = self.inference.table, self.inference.queue
         try:
             await context.write(seed_pb2.UnrollAck(
@@ -106,7 +114,7 @@ class ImpalaLearnerService(LearnerService):
                 config_json=self.config_json,
             ))
             while True:
-                message = await context.read()
+                message = await self.read(context, task)
                 if message is grpc.aio.EOF:
                     return
                 try:

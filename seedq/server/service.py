@@ -2,16 +2,19 @@
 
 Protocol errors (bad handshake, unknown env index, wrong byte length, spec
 mismatch) end only the offending stream, with INVALID_ARGUMENT and a message
-that names the field; every other stream keeps being served.
+that names the field; every other stream keeps being served. Credentials,
+the health service and dead-peer detection live in `seedq.channel`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
 
 import grpc
 
+from seedq import channel
+from seedq.config import ServerConfig, TlsConfig, AuthConfig
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
@@ -22,10 +25,20 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):
-    def __init__(self, inference: InferenceServer, learner_run: str, max_envs_per_actor: int = 4096):
+    def __init__(self, inference: InferenceServer, learner_run: str, max_envs_per_actor: int = 4096,
+                 peer_timeout_seconds: float = ServerConfig.peer_timeout_seconds):
         self.inference = inference
         self.learner_run = learner_run
         self.max_envs_per_actor = max_envs_per_actor
+        self.idle = channel.IdleWatchdog(peer_timeout_seconds)
+
+    async def read(self, context, task):
+        """The actor's next message; the idle watchdog closes the stream if none comes in time."""
+        self.idle.waiting(task, asyncio.get_running_loop().time())
+        try:
+            return await context.read()
+        finally:
+            self.idle.heard(task)
 
     @staticmethod
     async def _abort_superseded(context, entry) -> None:
@@ -51,7 +64,14 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         return handshake
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
-        message = await context.read()
+        task = self.idle.register(context.peer())
+        try:
+            await self._stream(context, task)
+        finally:
+            self.idle.unregister(task)
+
+    async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
+        message = await self.read(context, task)
         if message is grpc.aio.EOF:
             return
         try:
@@ -66,6 +86,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
         log.info("actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
+        self.idle.rename(task, f"actor {entry.actor_id}")
         try:
             await context.write(
                 seed_pb2.LearnerMessage(
@@ -75,7 +96,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                 )
             )
             while True:
-                message = await context.read()
+                message = await self.read(context, task)
                 if message is grpc.aio.EOF:
                     return
                 if entry.closed:
@@ -97,27 +118,37 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             self.inference.release(entry)
 
 
-async def start_server(service: LearnerService, address: str) -> tuple[grpc.aio.Server, str]:
-    """Starts serving `address` (unix:/path, or host:port with port 0 for any free one).
+async def start_server(
+    service: LearnerService, address: str, *, server_config: ServerConfig = ServerConfig(),
+    tls: TlsConfig = TlsConfig(), auth: AuthConfig = AuthConfig(),
+) -> tuple[grpc.aio.Server, str, object]:
+    """Starts serving `address` (unix:/path, or host:port with port 0 for any free one)
+    with the credentials and keepalive settings given, plus the gRPC health service.
 
-    Returns the running server and the address actors should dial.
+    Returns the running server, the address actors should dial, and the
+    coroutine function `set_serving(bool)` of its health status (NOT_SERVING
+    until the caller says otherwise).
     """
+    credentials = channel.server_credentials(tls)
     server = grpc.aio.server(
+        interceptors=channel.server_interceptors(auth),
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
-        ]
+        ] + channel.server_options(server_config.keepalive_seconds, server_config.peer_timeout_seconds),
     )
     seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
-    if address.startswith("unix:"):
-        path = address[len("unix:") :]
-        if os.path.exists(path):
-            os.unlink(path)  # a stale socket from a crashed learner
-    port = server.add_insecure_port(address)
+    set_serving = await channel.add_health_service(server)
+    if credentials is not None:
+        port = server.add_secure_port(address, credentials)
+    elif address.startswith("unix:"):
+        port = channel.listen_unix(server, address)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not listen on {address}")
     await server.start()
     if not address.startswith("unix"):
         address = f"{address.rsplit(':', 1)[0]}:{port}"
-    return server, address
+    return server, address, set_serving

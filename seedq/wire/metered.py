@@ -8,6 +8,8 @@ architectures rather than computed from array sizes.
 
 from __future__ import annotations
 
+import functools
+
 from seedq.v1 import seed_pb2
 
 _SERVICE = "/seedq.v1.Learner/"
@@ -32,9 +34,10 @@ class ByteCounter:
 
 
 class MeteredStub:
-    """The same calls as `seed_pb2_grpc.LearnerStub`, with byte counting."""
+    """The same calls as `seed_pb2_grpc.LearnerStub`, with byte counting;
+    `metadata` (the bearer token) goes with every call."""
 
-    def __init__(self, channel, counter: ByteCounter):
+    def __init__(self, channel, counter: ByteCounter, metadata=None):
         self.counter = counter
         send = counter.serializer
         self.Stream = channel.stream_stream(
@@ -49,3 +52,6 @@ class MeteredStub:
             _SERVICE + "PushUnrolls", request_serializer=send,
             response_deserializer=counter.deserializer(seed_pb2.UnrollAck),
         )
+        if metadata:
+            for name in ("Stream", "PullParams", "PushUnrolls"):
+                setattr(self, name, functools.partial(getattr(self, name), metadata=metadata))

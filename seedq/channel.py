@@ -1,0 +1,347 @@
+"""Security and liveness of the actor <-> learner channel, both ends.
+
+* Credentials: TLS (mutual when the learner has a client CA) through gRPC's
+  own ssl credentials, and a bearer token sent as `authorization: Bearer
+  <token>` call metadata on every RPC and checked by a server interceptor
+  with a constant-time compare. The standard gRPC health service is exempt
+  from the token: Kubernetes' gRPC probes cannot send metadata.
+* The refusal rule: a learner on a non-loopback TCP address needs TLS or a
+  token, or an explicit `insecure`. Unix sockets need neither (mode 0600).
+* Dead peers: gRPC keepalive pings on both ends (a connection that answers
+  no ping within the timeout is closed) and, on the server, an idle deadline
+  on every actor stream (`IdleWatchdog`), since a preempted VM sends no FIN.
+
+Defaults and the reasoning behind them: docs/security.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import os
+
+import grpc
+
+from seedq.config import ActorChannelConfig, AuthConfig, TlsConfig, TrainConfig
+
+log = logging.getLogger("seedq.server")
+
+HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+# The RPC service whose health the learner reports (besides the overall "").
+LEARNER_SERVICE = "seedq.v1.Learner"
+# Status codes an actor does not retry: reconnecting cannot fix its credentials.
+AUTH_FAILURE_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# Markers gRPC puts in UNAVAILABLE details when our TLS handshake failed
+# (an untrusted learner certificate, a name mismatch): definite refusals.
+_TLS_FAILURE_MARKERS = ("Tls handshake failed", "Ssl handshake failed", "CERTIFICATE_VERIFY_FAILED",
+                        "Custom verification check failed", "Hostname Verification Check failed")
+# A learner that closes every new connection right away: with TLS, one that
+# rejected our client certificate (TLS 1.3 lets the client finish first);
+# without, one that speaks TLS. A learner going down can do it once, so only
+# this many in a row count as a refusal.
+SUSPECTED_REFUSALS_IN_A_ROW = 3
+# Refusals are logged once per peer host; more distinct hosts than this are not remembered.
+_MAX_LOGGED_PEERS = 4096
+
+
+# --- files ---
+
+
+def read_file(path: str, what: str) -> bytes:
+    """The bytes of a credential file, or OSError with a one-line message."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise OSError(f"{what} {path}: {e.strerror or e}") from None
+    if not data.strip():
+        raise OSError(f"{what} {path}: the file is empty")
+    return data
+
+
+def read_token(path: str) -> str:
+    """The token in `path` (surrounding whitespace stripped)."""
+    token = read_file(path, "--auth.token-file").decode("utf-8", "replace").strip()
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise OSError(f"--auth.token-file {path}: the token must be one line of printable characters")
+    return token
+
+
+# --- the refusal rule ---
+
+
+def is_loopback(address: str) -> bool:
+    """True for unix sockets and TCP addresses on a loopback interface."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname (may resolve to anything) or 0.0.0.0 / [::]-style wildcards
+
+
+def check_exposure(config: TrainConfig, address: str) -> None:
+    """ValueError (one line) when the learner would serve a non-loopback TCP
+    address to anyone: neither TLS nor a token, and no `--insecure`."""
+    if is_loopback(address) or config.tls.enabled or config.auth.token_file or config.insecure:
+        return
+    raise ValueError(
+        f"refusing to serve {address} without credentials: anyone who reaches it could feed "
+        "training data; give --tls.cert/--tls.key and/or --auth.token-file "
+        "(`seedq certs` makes a CA and certificates), or --insecure to serve it anyway"
+    )
+
+
+# --- server side ---
+
+
+def server_options(keepalive_seconds: float, peer_timeout_seconds: float) -> list[tuple[str, int]]:
+    """Keepalive settings of the learner's gRPC server."""
+    return [
+        ("grpc.keepalive_time_ms", int(keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int((peer_timeout_seconds - keepalive_seconds) * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Actors ping on their own schedule (their --keepalive-seconds): accept
+        # pings of any frequency instead of answering "too many pings" with GOAWAY.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 0),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials for the learner (None: plaintext)."""
+    if not tls.enabled:
+        return None
+    key = read_file(tls.key, "--tls.key")
+    cert = read_file(tls.cert, "--tls.cert")
+    client_ca = read_file(tls.client_ca, "--tls.client-ca") if tls.client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _peer_host(peer: str) -> str:
+    """'ipv4:10.0.0.2:41234' -> 'ipv4:10.0.0.2' (a reconnecting actor keeps its host)."""
+    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every RPC (health checks excepted) that lacks `authorization:
+    Bearer <token>` with UNAUTHENTICATED, logging the first refusal per peer host."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+        self._logged_peers: set[str] = set()
+
+    def _authorized(self, metadata) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(HEALTH_METHOD_PREFIX):
+            return handler
+        if self._authorized(handler_call_details.invocation_metadata):
+            return handler
+        return self._refusing(handler, method)
+
+    def _refusing(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """A handler of the same streaming shape as `handler` that aborts at once."""
+
+        async def refuse(request_or_iterator, context):
+            peer = _peer_host(context.peer())
+            if peer not in self._logged_peers and len(self._logged_peers) < _MAX_LOGGED_PEERS:
+                self._logged_peers.add(peer)
+                log.warning("refused %s from %s: missing or wrong bearer token", method, peer)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
+        return make(
+            refuse, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def server_interceptors(auth: AuthConfig) -> list[grpc.aio.ServerInterceptor]:
+    return [TokenInterceptor(read_token(auth.token_file))] if auth.token_file else []
+
+
+async def add_health_service(server: grpc.aio.Server):
+    """Adds the standard gRPC health service; returns a coroutine function
+    `set_serving(bool)` that updates the status of "" and the Learner service."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+
+    async def set_serving(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", LEARNER_SERVICE):
+            await servicer.set(service, status)
+
+    await set_serving(False)
+    return set_serving
+
+
+def listen_unix(server: grpc.aio.Server, address: str) -> int:
+    """Binds a unix socket readable and writable by its owner only (mode 0600)."""
+    path = address[len("unix:"):]
+    if os.path.exists(path):
+        os.unlink(path)  # a stale socket from a crashed learner
+    # The umask makes the socket 0600 from its creation on (no window where
+    # another local user could connect); the learner has no other threads
+    # creating files yet while it starts serving.
+    previous = os.umask(0o177)
+    try:
+        port = server.add_insecure_port(address)
+    finally:
+        os.umask(previous)
+    if port:
+        os.chmod(path, 0o600)
+    return port
+
+
+class IdleWatchdog:
+    """Closes streams whose actor sent nothing for `timeout` seconds while the
+    learner waited for it (a vanished peer: no FIN, no message).
+
+    Streams call `waiting()` before awaiting the actor and `heard()` after; time
+    the learner itself spends (inference, backpressure) never counts. One
+    periodic check for all streams instead of a timer per message, which would
+    cost the SEED loop a task per round trip.
+    """
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self._waiting: dict[asyncio.Task, float] = {}
+        self._names: dict[asyncio.Task, str] = {}
+        self._checker: asyncio.Task | None = None
+
+    def register(self, name: str) -> asyncio.Task:
+        task = asyncio.current_task()
+        self._names[task] = name
+        if self._checker is None:
+            self._checker = asyncio.get_running_loop().create_task(self._check_forever())
+        return task
+
+    def rename(self, task: asyncio.Task, name: str) -> None:
+        self._names[task] = name
+
+    def unregister(self, task: asyncio.Task) -> None:
+        self._waiting.pop(task, None)
+        self._names.pop(task, None)
+
+    def waiting(self, task: asyncio.Task, now: float) -> None:
+        self._waiting[task] = now
+
+    def heard(self, task: asyncio.Task) -> None:
+        self._waiting.pop(task, None)
+
+    async def _check_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = min(1.0, self.timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for task, since in list(self._waiting.items()):
+                if now - since > self.timeout:
+                    log.warning("closing the stream of %s: nothing received for %.1fs (peer gone?)",
+                                self._names.get(task, "an actor"), now - since)
+                    self._waiting.pop(task, None)
+                    task.cancel()
+
+    def close(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+
+
+# --- actor side ---
+
+
+def channel_options(config: ActorChannelConfig) -> list[tuple[str, object]]:
+    """Keepalive and reconnect settings of an actor's channel."""
+    ping_timeout_ms = int((config.peer_timeout_seconds - config.keepalive_seconds) * 1000)
+    options: list[tuple[str, object]] = [
+        ("grpc.keepalive_time_ms", int(config.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", ping_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # The actor's own loop retries with backoff (seed_actor.MAX_BACKOFF_SECONDS);
+        # keep gRPC's reconnect backoff as short, so a learner that is back is
+        # dialled within a second, and bound each connection attempt by the ping timeout.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.min_reconnect_backoff_ms", max(1000, ping_timeout_ms)),
+    ]
+    if config.tls.server_name:
+        options.append(("grpc.ssl_target_name_override", config.tls.server_name))
+    return options
+
+
+def channel_credentials(config: ActorChannelConfig) -> grpc.ChannelCredentials | None:
+    """TLS credentials for an actor's channel (None: plaintext)."""
+    tls = config.tls
+    if not tls.ca:
+        return None
+    ca = read_file(tls.ca, "--tls.ca")
+    key = read_file(tls.key, "--tls.key") if tls.key else None
+    cert = read_file(tls.cert, "--tls.cert") if tls.cert else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def call_metadata(config: ActorChannelConfig) -> tuple[tuple[str, str], ...] | None:
+    """The metadata every actor RPC carries (the bearer token), or None."""
+    if not config.auth.token_file:
+        return None
+    return (("authorization", f"Bearer {read_token(config.auth.token_file)}"),)
+
+
+def open_channel(target: str, config: ActorChannelConfig, extra_options=()) -> grpc.aio.Channel:
+    """An actor's channel to `target`: TLS when a CA is configured, keepalive always."""
+    options = channel_options(config) + list(extra_options)
+    credentials = channel_credentials(config)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def auth_failure(error: grpc.aio.AioRpcError) -> str | None:
+    """A one-line reason when `error` is a definite refusal of our credentials
+    (token or certificate) rather than a learner that is away; None otherwise."""
+    code, details = error.code(), error.details() or ""
+    if code in AUTH_FAILURE_CODES:
+        return f"{code.name}: {details}"
+    if code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in _TLS_FAILURE_MARKERS):
+        return (f"UNAUTHENTICATED: the TLS handshake failed (the learner's certificate is not "
+                f"signed by --tls.ca or does not name the host dialled): {details}")
+    return None
+
+
+def suspected_refusal(error: grpc.aio.AioRpcError, tls: bool) -> str | None:
+    """A one-line reason when the learner closed a new connection at once
+    (see SUSPECTED_REFUSALS_IN_A_ROW); None for any other error."""
+    details = error.details() or ""
+    if error.code() != grpc.StatusCode.UNAVAILABLE or "failed to connect" not in details:
+        return None
+    if tls and "Secure read failed" in details:
+        return ("UNAUTHENTICATED: the learner closes every TLS connection at once; it requires a "
+                f"client certificate signed by its CA (--tls.cert/--tls.key): {details}")
+    if not tls and details.rstrip().endswith("Socket closed"):
+        return ("UNAUTHENTICATED: the learner closes every plaintext connection at once; it "
+                f"probably serves TLS (give --tls.ca): {details}")
+    return None
