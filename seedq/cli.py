@@ -122,6 +122,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: s
             + f"(default: {format_default(field.default)})",
         )
         action.doc_default = field.default  # for the generated CLI reference
+        action.doc_class = cls
 
 
 def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = "", base=None):

@@ -140,12 +140,23 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str):
                 yield from _subcommands(sub, line)
 
 
+def _nested_classes(cls) -> set:
+    """`cls` and the dataclasses of its sections, recursively."""
+    hints = typing.get_type_hints(cls)
+    found = {cls}
+    for field in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[field.name]):
+            found |= _nested_classes(hints[field.name])
+    return found
+
+
 def cli_markdown() -> str:
-    from seedq import cli
+    from seedq import cli, config
 
     # argparse wraps help text to the terminal width; fix it for stable output.
     os.environ["COLUMNS"] = "100"
     parser = cli.build_parser()
+    run_config_classes = _nested_classes(config.TrainConfig)
     out = [HEADER, "# Command-line reference\n\n"]
     out.append(
         "`seedq` is installed as a console script (`python -m seedq.cli` is the same).\n"
@@ -164,10 +175,12 @@ def cli_markdown() -> str:
             ]
             out.append("Subcommands: " + ", ".join(names) + ".\n")
             continue
-        config_flags = [a for a in sub._actions if hasattr(a, "doc_default")]
+        # Flags of run-config fields are described in config.md; those of other
+        # option dataclasses (the launchers', the actor channel's) are listed here.
+        config_flags = [a for a in sub._actions if getattr(a, "doc_class", None) in run_config_classes]
         out.append("| option | value | default | description |\n|---|---|---|---|\n")
         for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or hasattr(action, "doc_default"):
+            if isinstance(action, argparse._HelpAction) or action in config_flags:
                 continue
             if action.option_strings:
                 name = ", ".join(f"`{o}`" for o in action.option_strings)
@@ -176,13 +189,15 @@ def cli_markdown() -> str:
                 name, value = f"`{action.metavar or action.dest.upper()}`", ""
             if action.choices:
                 value = "{" + ",".join(str(c) for c in action.choices) + "}"
-            default = action.default
+            default = getattr(action, "doc_default", action.default)
             if default is None or default is False or default is argparse.SUPPRESS:
                 default = ""
             else:
                 default = f"`{format_default(default)}`"
-            text = _cell((action.help or "").replace("%%", "%"))
-            out.append(f"| {name} | {_cell(value)} | {default} | {text} |\n")
+            text = (action.help or "").replace("%%", "%")
+            if hasattr(action, "doc_default"):  # the default has its own column
+                text = re.sub(r" ?\(default: [^)]*\)$", "", text)
+            out.append(f"| {name} | {_cell(value)} | {default} | {_cell(text)} |\n")
         if config_flags:
             out.append(
                 f"\nPlus one flag per config field ({len(config_flags)} flags: `--agent`, "

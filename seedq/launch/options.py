@@ -51,11 +51,13 @@ class K8sOptions:
     # StorageClass of the run volume ("" : the cluster default; a multi-host
     # learner needs one that supports ReadWriteMany, e.g. GKE Filestore).
     storage_class: str = ""
-    # CPU and memory requests of each learner pod (TPU hosts have many more).
+    # CPU request of each learner pod (TPU hosts have many more cores).
     learner_cpu: str = "8"
+    # Memory request of each learner pod.
     learner_memory: str = "32Gi"
-    # CPU and memory requests of each actor pod (one actor process each).
+    # CPU request of each actor pod (one actor process each).
     actor_cpu: str = "1"
+    # Memory request of each actor pod.
     actor_memory: str = "1Gi"
 
     def validate(self) -> None:
@@ -93,27 +95,34 @@ class VmOptions:
     port: int = 50051
     # Network of the VMs and the firewall rule.
     network: str = "default"
-    # Actor VMs: machine type and actor processes per VM (the group has
-    # ceil(num_actors / actor_processes_per_vm) VMs).
+    # Machine type of the actor VMs.
     actor_machine_type: str = "n2-standard-32"
+    # Actor processes per VM: the group has ceil(num_actors / this) VMs.
     actor_processes_per_vm: int = 30
-    # TPU: accelerator type (v5litepod-16, v4-8, ...) and TPU software version
-    # ("" : the generation's base image, see RUNTIME_VERSIONS).
+    # TPU accelerator type (v5litepod-16, v4-8, v5p-8, v6e-8, ...).
     tpu_type: str = "v5litepod-8"
+    # TPU software version ("" : the generation's base image: v2-alpha-tpuv5-lite,
+    # tpu-ubuntu2204-base for v4, v2-alpha-tpuv5 for v5p, v2-alpha-tpuv6e).
     runtime_version: str = ""
-    # GPU VM: machine type, accelerator type and count, boot image.
+    # Machine type of the GPU learner VM.
     machine_type: str = "g2-standard-16"
+    # GPU accelerator type of the learner VM (gcloud --accelerator type=...).
     gpu_type: str = "nvidia-l4"
+    # GPUs on the learner VM.
     gpus: int = 1
+    # Boot image family of the GPU VM (a Deep Learning VM image with the NVIDIA driver).
     image_family: str = "common-cu128-ubuntu-2204-nvidia-570"
+    # Project of that image family.
     image_project: str = "deeplearning-platform-release"
-    # Spot (preemptible) capacity, or a reservation (TPU: --reserved).
+    # Spot (preemptible) VMs; the learner resumes with --resume auto when recreated.
     spot: bool = False
+    # TPU: use the project's reservation (queued-resources --reserved).
     reserved: bool = False
-    # The CA the actors trust and the client certificate they present (files
-    # here; the learner's own are --tls.cert/--tls.key/--tls.client-ca).
+    # File here: the CA the actors trust (the learner's own TLS files are --tls.cert/--tls.key/--tls.client-ca).
     actor_tls_ca: str = ""
+    # File here: the client certificate the actors present (mutual TLS).
     actor_tls_cert: str = ""
+    # File here: the key of --actor-tls-cert.
     actor_tls_key: str = ""
     # Name the actors expect in the learner's certificate (they dial its IP address).
     tls_server_name: str = ""
