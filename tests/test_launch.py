@@ -243,6 +243,7 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
     (["--accelerator", "cpu", "--image", "i", "--address", "0.0.0.0:1"], "--address is set by the render"),
     (["--accelerator", "cpu", "--image", "i", "--tls-mode", "none", "--token-secret", ""], "--insecure"),
     (["--accelerator", "cpu", "--image", "i", "--logdir", "runs/x"], "under /runs/"),
+    (["--accelerator", "cpu", "--image", "i", "--name", "Pong_TPU"], "a DNS label"),
 ])
 def test_bad_launch_input_is_one_line(flags, message):
     code, out, err = run_cli(["launch", "k8s", *flags])

@@ -103,7 +103,7 @@ def learner_host_name(opts: K8sOptions, index: int) -> str:
     return f"{opts.name}-learner-{index}.{opts.name}-learner"
 
 
-def learner_command(opts: K8sOptions) -> list[str]:
+def learner_command() -> list[str]:
     return ["seedq", "learner", "--config", f"{CONFIG_DIR}/config.json", "--resume", "auto"]
 
 
@@ -234,7 +234,7 @@ def learner_job(config: TrainConfig, opts: K8sOptions) -> dict:
     container = {
         "name": "learner",
         "image": opts.image,
-        "command": learner_command(opts),
+        "command": learner_command(),
         "ports": [{"name": "grpc", "containerPort": opts.port, "protocol": "TCP"}],
         "resources": placement["resources"],
         "volumeMounts": [
@@ -268,6 +268,11 @@ def learner_job(config: TrainConfig, opts: K8sOptions) -> dict:
             "completions": hosts,
             "parallelism": hosts,
             "backoffLimit": 20,
+            # A pod lost to preemption, node shutdown or eviction is replaced without
+            # counting as a failure; the new pod continues the run (--resume auto).
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
             "template": {"metadata": {"labels": _labels(opts, "learner")}, "spec": pod_spec},
         },
     }

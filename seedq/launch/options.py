@@ -69,6 +69,9 @@ class K8sOptions:
             raise ValueError(f"--tpu-type needs --accelerator tpu (got --accelerator {self.accelerator})")
         if self.accelerator == "gpu" and self.gpus <= 0:
             raise ValueError(f"--gpus {self.gpus}: must be > 0")
+        # Pod hostnames are <name>-learner-<index>: a DNS label of at most 63 characters.
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", self.name):
+            raise ValueError(f"--name {self.name!r}: up to 40 lower-case letters, digits and dashes (a DNS label)")
         if not self.image:
             raise ValueError("--image is required (an image with seedq installed; see the Dockerfile)")
         if self.tls_mode not in TLS_MODES:
