@@ -4,6 +4,7 @@ plans use the documented forms and carry the token and address through."""
 
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -464,3 +465,62 @@ def test_dockerfile_installs_like_the_readme():
     assert 'pip install -U "jax[tpu]"' in readme and 'pip install -U "jax[cuda12]"' in readme
     assert re.search(r"ARG JAX_EXTRA=", dockerfile) and "jax[cuda12]" in dockerfile and "jax[tpu]" in dockerfile
     assert ".venv" in (REPO / ".dockerignore").read_text().split()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_path):
+    """The CPU render with mutual TLS and a token, run for real on loopback: the
+    Secrets hold `seedq certs` files under the keys launch/README.md gives them."""
+    config = k8s.examples()["cpu.yaml"][0]
+    config = dataclasses.replace(config, num_actors=1, envs_per_actor=8, eval_episodes=0)
+    opts = K8sOptions(accelerator="cpu", image="img:1", name="cartpole", tls_mode="mutual")
+    docs = k8s.render_objects(config, opts)
+    code, _, err = run_cli(["certs", "--out", tmp_path / "certs", "--hosts", "cartpole-learner"])
+    assert code == 0, err
+    certs = tmp_path / "certs"
+    # kubectl create secret generic ... --from-file=KEY=FILE, as in the README.
+    secrets = {"cartpole-learner": {"tls.crt": "server.pem", "tls.key": "server-key.pem", "ca.crt": "ca.pem"},
+               "cartpole-actors": {"tls.crt": "client.pem", "tls.key": "client-key.pem", "ca.crt": "ca.pem"}}
+    port = _free_port()
+    commands = {}
+    for doc in (d for d in docs if d["kind"] in ("Job", "Deployment")):
+        root = tmp_path / doc["metadata"]["name"]
+        mapping = _stub_pod_files(doc, root, docs)
+        for key, source in secrets[doc["metadata"]["name"]].items():
+            (pathlib.Path(mapping[k8s.TLS_DIR]) / key).write_bytes((certs / source).read_bytes())
+        (pathlib.Path(mapping[k8s.TOKEN_DIR]) / "token").write_bytes((certs / "token").read_bytes())
+        (container,) = _pod(doc)["containers"]
+        argv = _localise(container["command"][1:], mapping)
+        if doc["kind"] == "Job":
+            config_path = pathlib.Path(mapping[k8s.CONFIG_DIR]) / "config.json"
+            config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
+                                                       {**mapping, k8s.RUNS_DIR: str(root / "runs")})))
+            # Loopback instead of the pod's 0.0.0.0; a bounded run (flags override the file).
+            argv += ["--address", f"127.0.0.1:{port}", "--max-frames", "4000", "--max-seconds", "120",
+                     "--quiet"]
+        else:
+            argv[argv.index("--server") + 1] = f"127.0.0.1:{port}"  # the pod DNS name, resolved
+        commands[doc["kind"]] = argv
+    learner = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["Job"]],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    actor = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["Deployment"]],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = learner.communicate(timeout=240)
+    finally:
+        for p in (learner, actor):
+            if p.poll() is None:
+                p.terminate()
+        actor_out = actor.communicate(timeout=30)[0]
+    assert learner.returncode == 0, out + "\n--- actor ---\n" + actor_out
+    run = tmp_path / "cartpole-learner" / "runs" / "cartpole"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["frames"] >= 4000 and summary["stop_reason"] == "max_frames", summary
+    assert json.loads((run / "config.json").read_text())["tls"]["client_ca"].endswith("/tls/ca.crt")
