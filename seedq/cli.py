@@ -533,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     if extras:
         print(_unknown_arguments_message(parser, args, extras), file=sys.stderr)
         return 2
+    if args.command in ("actor", "impala-actor"):
+        from seedq import grpc_setup
+
+        grpc_setup.quiet_core_logs()  # before the actor modules import grpc
     if args.command == "actor":
         from seedq.actor import seed_actor
 

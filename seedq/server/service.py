@@ -63,12 +63,22 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             )
         return handshake
 
-    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def watched(self, context, serve) -> None:
+        """Runs `serve(context, task)` under the idle watchdog. A stream cancelled
+        from below (keepalive found the connection dead, or the watchdog closed
+        it) is logged: its actor's env slots are freed and partial unrolls dropped."""
         task = self.idle.register(context.peer())
         try:
-            await self._stream(context, task)
+            await serve(context, task)
+        except asyncio.CancelledError:
+            log.warning("%s disconnected (connection lost or silent): its env slots are freed",
+                        self.idle.name(task))
+            raise
         finally:
             self.idle.unregister(task)
+
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+        await self.watched(context, self._stream)
 
     async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
         message = await self.read(context, task)
