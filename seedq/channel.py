@@ -242,6 +242,9 @@ class IdleWatchdog:
     def rename(self, task: asyncio.Task, name: str) -> None:
         self._names[task] = name
 
+    def name(self, task: asyncio.Task) -> str:
+        return self._names.get(task, "an actor")
+
     def unregister(self, task: asyncio.Task) -> None:
         self._waiting.pop(task, None)
         self._names.pop(task, None)
@@ -261,7 +264,7 @@ class IdleWatchdog:
             for task, since in list(self._waiting.items()):
                 if now - since > self.timeout:
                     log.warning("closing the stream of %s: nothing received for %.1fs (peer gone?)",
-                                self._names.get(task, "an actor"), now - since)
+                                self.name(task), now - since)
                     self._waiting.pop(task, None)
                     task.cancel()
 

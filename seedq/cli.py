@@ -648,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
         return _print_actor_config(args)
     if args.command == "launch":
         return _launch(args)
+    if args.command in ("actor", "impala-actor"):
+        from seedq import grpc_setup
+
+        grpc_setup.quiet_core_logs()  # before the actor modules import grpc
     if args.command == "actor":
         from seedq.actor import seed_actor
 

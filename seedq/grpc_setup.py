@@ -70,6 +70,16 @@ def configure_environment() -> None:
     os.environ["GRPC_EXPERIMENTS"] = ",".join("-" + name for name in EVENT_ENGINE_EXPERIMENTS)
 
 
+def quiet_core_logs() -> None:
+    """Actors: only gRPC core's errors on stderr (GRPC_VERBOSITY=ERROR, unless set).
+
+    Core logs every failed TLS handshake at INFO; an actor that is refused
+    already says why in its one-line exit message. Takes effect only before
+    `grpc` is imported. The learner keeps core's default, so its log records
+    the handshakes it refused."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def _loop_factory():
     if not tuning_enabled() or sys.platform == "win32":
         return None

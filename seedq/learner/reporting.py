@@ -276,6 +276,7 @@ class RunReporter:
             f"| train steps {train_steps:>6,} ({steps_per_second:4.0f}/s) "
             f"| infer batch {stats.mean_batch_size():5.1f} p99 {p99} "
             f"| queue {len(learner.queue):>4}/{learner.queue.capacity} "
+            f"| actors {learner.table.num_connected} "
             f"| {self.config.precision}"
             + ("" if loss is None else f" | loss {loss:8.4f}")
             + waiting

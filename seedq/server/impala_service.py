@@ -85,11 +85,7 @@ class ImpalaLearnerService(LearnerService):
             yield chunk
 
     async def PushUnrolls(self, request_iterator, context):
-        task = self.idle.register(context.peer())
-        try:
-            await self._push_unrolls(context, task)
-        finally:
-            self.idle.unregister(task)
+        await self.watched(context, self._push_unrolls)
 
     async def _push_unrolls(self, context, task) -> None:
         message = await self.read(context, task)

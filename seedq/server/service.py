@@ -63,12 +63,20 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             )
         return handshake
 
-    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def watched(self, context, serve) -> None:
+        """Runs `serve(context, task)` under the idle watchdog. However the stream
+        ends (the actor stopped, keepalive found its connection dead, the
+        watchdog closed it), the serving function releases its env slots and
+        partial unrolls; the progress line counts the actors still connected."""
         task = self.idle.register(context.peer())
         try:
-            await self._stream(context, task)
+            await serve(context, task)
         finally:
+            log.info("%s disconnected: its env slots are freed", self.idle.name(task))
             self.idle.unregister(task)
+
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+        await self.watched(context, self._stream)
 
     async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
         message = await self.read(context, task)
@@ -140,14 +148,17 @@ async def start_server(
     )
     seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
     set_serving = await channel.add_health_service(server)
-    if credentials is not None:
-        port = server.add_secure_port(address, credentials)
-    elif address.startswith("unix:"):
-        port = channel.listen_unix(server, address)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        elif address.startswith("unix:"):
+            port = channel.listen_unix(server, address)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # gRPC's "Failed to bind" (its details go to the gRPC log)
+        port = 0
     if port == 0:
-        raise OSError(f"could not listen on {address}")
+        raise OSError(f"could not listen on {address} (in use, or not an address of this host)")
     await server.start()
     if not address.startswith("unix"):
         address = f"{address.rsplit(':', 1)[0]}:{port}"

@@ -1,0 +1,333 @@
+"""Credentials on the actor channel (issue 14): the refusal rule, the token
+interceptor on every RPC, the health service, unix socket modes, `seedq
+certs`, and real learner/actor processes over TCP loopback with a token and
+with mutual TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import trustme
+
+from seedq import certs as certs_lib
+from seedq import channel
+from seedq.config import AuthConfig, TlsConfig, TrainConfig
+from seedq.server.service import start_server
+from seedq.v1 import seed_pb2, seed_pb2_grpc
+
+SEEDQ = [sys.executable, "-m", "seedq.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, proc=None, log=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) while waiting for {what}:\n{_text(log)}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{_text(log)}")
+        time.sleep(0.1)
+
+
+def _text(path) -> str:
+    return path.read_text() if path is not None and path.exists() else ""
+
+
+def start_learner(tmp_path, name: str, *flags: str):
+    """`seedq learner` on 127.0.0.1:<free port>; returns (process, address, log path, run dir)."""
+    address = f"127.0.0.1:{free_port()}"
+    log = tmp_path / f"{name}.log"
+    run = tmp_path / name
+    proc = subprocess.Popen(
+        [*SEEDQ, "learner", "--address", address, "--logdir", str(run), "--log-every-seconds", "0.5",
+         "--eval-episodes", "0", *flags],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT,
+    )
+    wait_for(lambda: "learner listening on" in _text(log), 120, "the learner to listen", proc, log)
+    return proc, address, log, run
+
+
+def start_actor(address: str, *flags: str, actor_id: str):
+    return subprocess.Popen(
+        [*SEEDQ, "actor", "--server", address, "--env", "CartPole-v1", "--num-envs", "32",
+         "--actor-id", actor_id, *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def stop(*procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def frames_logged(log) -> int:
+    found = re.findall(r"frames\s+([\d,]+) \(", _text(log))
+    return int(found[-1].replace(",", "")) if found else 0
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """`seedq certs` files, plus a foreign CA (trustme) whose certificates the learner must not trust."""
+    out = tmp_path_factory.mktemp("pki")
+    paths = certs_lib.make(str(out / "cluster"), hosts=("localhost", "127.0.0.1"))
+    foreign = trustme.CA()
+    client = foreign.issue_cert("actor.example")
+    server = foreign.issue_cert("localhost", "127.0.0.1")
+    for name, blob in {"foreign-ca.pem": foreign.cert_pem, "foreign-client.pem": client.cert_chain_pems[0],
+                       "foreign-client-key.pem": client.private_key_pem,
+                       "foreign-server.pem": server.cert_chain_pems[0],
+                       "foreign-server-key.pem": server.private_key_pem}.items():
+        blob.write_to_path(str(out / name))
+        paths[name] = str(out / name)
+    (out / "wrong-token").write_text("not-the-token\n")
+    paths["wrong-token"] = str(out / "wrong-token")
+    return paths
+
+
+# --- the refusal rule ---
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("unix:/tmp/x.sock", True), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
+    ("localhost:50051", True), ("[::1]:50051", True),
+    ("0.0.0.0:50051", False), ("[::]:50051", False), ("10.0.0.5:50051", False),
+    ("learner.example.com:50051", False),
+])
+def test_loopback_addresses(address, loopback):
+    assert channel.is_loopback(address) is loopback
+
+
+def test_exposure_rule():
+    public = "0.0.0.0:50051"
+    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without credentials"):
+        channel.check_exposure(TrainConfig(), public)
+    channel.check_exposure(TrainConfig(), "127.0.0.1:50051")
+    channel.check_exposure(TrainConfig(insecure=True), public)
+    channel.check_exposure(TrainConfig(auth=AuthConfig(token_file="t")), public)
+    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), public)
+
+
+def test_learner_on_a_public_address_without_credentials_refuses_to_start(tmp_path):
+    port = free_port()
+    result = subprocess.run([*SEEDQ, "learner", "--address", f"0.0.0.0:{port}", "--logdir",
+                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"refusing to serve 0.0.0.0:{port} without credentials" in lines[0]
+    assert "--insecure" in lines[0] and "Traceback" not in result.stderr
+    with socket.socket() as s:  # it never listened
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+# --- the interceptor, the health service, the unix socket: a real server in this process ---
+
+
+def _call_all(target: str, metadata):
+    """Status code of each Learner RPC on a fresh channel (the servicer implements none)."""
+
+    async def main():
+        codes = {}
+        async with grpc.aio.insecure_channel(target) as ch:
+            stub = seed_pb2_grpc.LearnerStub(ch)
+            calls = {
+                "Stream": lambda: stub.Stream(metadata=metadata),
+                "PushUnrolls": lambda: stub.PushUnrolls(metadata=metadata),
+                "PullParams": lambda: stub.PullParams(seed_pb2.ParamsRequest(), metadata=metadata),
+            }
+            for name, make in calls.items():
+                call = make()
+                try:
+                    async for _ in call:
+                        pass
+                    codes[name] = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as e:
+                    codes[name] = e.code()
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            codes["health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return codes
+
+    return asyncio.run(main())
+
+
+def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+
+    async def serve_and_call():
+        server, address, set_serving = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0", auth=AuthConfig(token_file=str(token)),
+        )
+        await set_serving(True)
+        try:
+            loop = asyncio.get_running_loop()
+            results = {}
+            for label, metadata in {
+                "none": None, "wrong": (("authorization", "Bearer nope"),),
+                "right": (("authorization", "Bearer s3cret-token"),),
+            }.items():
+                results[label] = await loop.run_in_executor(None, _call_all, address, metadata)
+            return results
+        finally:
+            await server.stop(None)
+
+    with caplog.at_level("WARNING", logger="seedq.server"):
+        results = asyncio.run(serve_and_call())
+    unauth = grpc.StatusCode.UNAUTHENTICATED
+    for label in ("none", "wrong"):
+        assert {k: v for k, v in results[label].items() if k != "health"} == {
+            "Stream": unauth, "PushUnrolls": unauth, "PullParams": unauth}, results[label]
+        assert results[label]["health"] == "SERVING"  # probes carry no token
+    # The right token passes the interceptor and reaches the (unimplemented) servicer.
+    assert set(results["right"].values()) == {grpc.StatusCode.UNIMPLEMENTED, "SERVING"}
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1, [r.getMessage() for r in refusals]  # once per peer host, not per RPC
+    assert "ipv4:127.0.0.1" in refusals[0].getMessage()
+
+
+def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp_path):
+    path = tmp_path / "learner.sock"
+
+    async def main():
+        server, address, set_serving = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{path}")
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            async with grpc.aio.insecure_channel(address) as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                before = (await stub.Check(health_pb2.HealthCheckRequest(service=channel.LEARNER_SERVICE))).status
+                await set_serving(True)
+                after = (await stub.Check(health_pb2.HealthCheckRequest(service=channel.LEARNER_SERVICE))).status
+            return mode, before, after
+        finally:
+            await server.stop(None)
+
+    from grpc_health.v1 import health_pb2
+
+    mode, before, after = asyncio.run(main())
+    assert mode == 0o600
+    assert before == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert after == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_certs_command_writes_a_ca_and_keys_only_the_owner_can_read(tmp_path):
+    from cryptography import x509
+
+    out = tmp_path / "pki"
+    result = subprocess.run([*SEEDQ, "certs", "--out", str(out), "--hosts", "learner-0.learner,10.1.2.3"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o600, name
+    ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    server = x509.load_pem_x509_certificate((out / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    x509.load_pem_x509_certificate((out / "client.pem").read_bytes()).verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["learner-0.learner"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.1.2.3"]
+    assert len((out / "token").read_text().strip()) >= 32
+
+
+def test_bad_credential_files_are_one_line_errors(tmp_path):
+    result = subprocess.run([*SEEDQ, "actor", "--server", "127.0.0.1:1", "--env", "CartPole-v1",
+                             "--tls.ca", str(tmp_path / "missing.pem")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"seedq actor: --tls.ca {tmp_path / 'missing.pem'}: No such file or directory"
+
+
+# --- real processes over TCP loopback ---
+
+
+def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_path, pki):
+    token = pki["token"]
+    # Bounded by frames: CartPole needs ~0.3-0.5M frames with these defaults, 2M is the margin.
+    learner, address, log, run = start_learner(
+        tmp_path, "token", "--auth.token-file", token, "--min-actors", "2",
+        "--max-frames", "2000000", "--max-seconds", "0",
+    )
+    intruder = start_actor(address, "--auth.token-file", pki["wrong-token"], actor_id="intruder")
+    anonymous = start_actor(address, actor_id="anonymous")
+    actors = [start_actor(address, "--auth.token-file", token, "--retry-max-seconds", "30",
+                          actor_id=f"good-{i}") for i in range(2)]
+    try:
+        out, _ = intruder.communicate(timeout=60)
+        assert intruder.returncode != 0
+        assert "UNAUTHENTICATED" in out and len(out.strip().splitlines()) == 1, out
+        out, _ = anonymous.communicate(timeout=60)
+        assert anonymous.returncode != 0 and "UNAUTHENTICATED" in out, out
+        learner.wait(timeout=540)
+    finally:
+        stop(learner, intruder, anonymous, *actors)
+    assert learner.returncode == 0, _text(log)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reached_target"] and summary["mean_return_last100"] >= 475, summary
+    # Refusals logged once per peer host (both refused actors came from 127.0.0.1).
+    assert _text(log).count("missing or wrong bearer token") == 1, _text(log)
+
+
+def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path, pki):
+    tls = ["--tls.cert", pki["server.pem"], "--tls.key", pki["server-key.pem"],
+           "--tls.client-ca", pki["ca.pem"]]
+    # Runs until SIGTERM (the `seedq learner` preemption path): no frame, time or return limit.
+    learner, address, log, run = start_learner(
+        tmp_path, "mtls", *tls, "--auth.token-file", pki["token"], "--max-frames", "0",
+        "--max-seconds", "0", "--target-return", "0", "--checkpoint-every-seconds", "0",
+    )
+    token = ["--auth.token-file", pki["token"]]
+    client = ["--tls.cert", pki["client.pem"], "--tls.key", pki["client-key.pem"]]
+    refused = {
+        "no client certificate": start_actor(address, *token, "--tls.ca", pki["ca.pem"], actor_id="a"),
+        "foreign client certificate": start_actor(
+            address, *token, "--tls.ca", pki["ca.pem"], "--tls.cert", pki["foreign-client.pem"],
+            "--tls.key", pki["foreign-client-key.pem"], actor_id="b"),
+        "untrusted learner certificate": start_actor(
+            address, *token, *client, "--tls.ca", pki["foreign-ca.pem"], actor_id="c"),
+        "plaintext": start_actor(address, *token, actor_id="d"),
+        "wrong token": start_actor(address, "--auth.token-file", pki["wrong-token"], *client,
+                                   "--tls.ca", pki["ca.pem"], actor_id="e"),
+    }
+    good = start_actor(address, *token, *client, "--tls.ca", pki["ca.pem"], "--retry-max-seconds", "30",
+                       actor_id="good")
+    try:
+        for what, proc in refused.items():
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode != 0 and "UNAUTHENTICATED" in out, (what, out)
+            assert len(out.strip().splitlines()) == 1, (what, out)
+        wait_for(lambda: frames_logged(log) > 20000, 180, "the trusted actor's frames", learner, log)
+        assert good.poll() is None  # undisturbed by the refusals
+        learner.send_signal(signal.SIGTERM)
+        learner.wait(timeout=120)
+    finally:
+        stop(learner, good, *refused.values())
+    assert learner.returncode == 0, _text(log)  # SIGTERM: checkpoint, then exit 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "terminated" and summary["frames"] > 20000
+    assert os.path.isdir(summary["checkpoint"]) and summary["train_steps"] > 0
