@@ -101,6 +101,13 @@ def test_committed_examples_validate_with_the_cli_and_are_fresh():
     assert out == "".join(k8s.example_files()["gpu.yaml"].splitlines(keepends=True)[2:])
 
 
+def test_the_regeneration_command_writes_the_committed_files(tmp_path):
+    assert k8s.main(["--write", str(tmp_path)]) == 0
+    written = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    committed = {p.name: p.read_text() for p in (REPO / "launch" / "k8s").iterdir()}
+    assert written == committed
+
+
 def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
     docs = renders["tpu-v5litepod-16.yaml"]
     kinds = [d["kind"] for d in docs]
