@@ -331,3 +331,30 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "terminated" and summary["frames"] > 20000
     assert os.path.isdir(summary["checkpoint"]) and summary["train_steps"] > 0
+
+
+def test_idle_watchdog_closes_only_streams_waiting_on_a_silent_actor():
+    async def main():
+        loop = asyncio.get_running_loop()
+        dog = channel.IdleWatchdog(timeout=0.3)
+
+        async def silent_actor():  # the learner waits for a message that never comes
+            task = dog.register("actor silent")
+            dog.waiting(task, loop.time())
+            await asyncio.sleep(30)
+
+        async def busy_learner():  # the learner itself is slow (inference, backpressure)
+            task = dog.register("actor busy")
+            dog.waiting(task, loop.time())
+            dog.heard(task)
+            await asyncio.sleep(1.5)
+            return "served"
+
+        silent, busy = asyncio.create_task(silent_actor()), asyncio.create_task(busy_learner())
+        done = await asyncio.gather(silent, busy, return_exceptions=True)
+        dog.close()
+        return done
+
+    silent, busy = asyncio.run(main())
+    assert isinstance(silent, asyncio.CancelledError)
+    assert busy == "served"
