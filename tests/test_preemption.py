@@ -5,6 +5,7 @@ restart with `--resume auto` that continues the run."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -118,3 +119,6 @@ def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
     assert resumed["segments"] == 2 and resumed["resumed_from"] == summary["checkpoint"]
     assert resumed["stop_reason"] == "max_frames" and resumed["frames"] >= max_frames
     assert resumed["train_steps"] > summary["train_steps"]
+    print(f"SIGTERM at {summary['train_steps']} train steps / {summary['frames']:,} frames -> rc 0, "
+          f"{os.path.basename(summary['checkpoint'])}; resumed to {resumed['frames']:,} frames, "
+          f"{resumed['train_steps']} steps, segments {resumed['segments']}")
