@@ -40,12 +40,12 @@ class ServerConfig:
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
-    # Dead-peer detection (docs/security.md): the learner pings each actor
-    # connection every keepalive_seconds without traffic, and a stream that
-    # sends nothing, or a connection that answers no ping, for
-    # peer_timeout_seconds is closed: the actor's env slots are freed and its
-    # partial unrolls dropped.
+    # Dead-peer detection (docs/security.md): a keepalive ping goes to each
+    # actor connection every this many seconds.
     keepalive_seconds: float = 10.0
+    # A connection that answers no ping, or a stream on which the learner waited
+    # this long for the actor's next message, is closed: its env slots are
+    # freed and its partial unrolls dropped.
     peer_timeout_seconds: float = 30.0
 
 
@@ -89,13 +89,16 @@ class ActorTlsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ActorChannelConfig:
-    """How an actor's channel to the learner is secured and kept alive."""
+    """Flags of `seedq actor` and `seedq impala-actor`: how the channel to the
+    learner is secured and kept alive (`--auth.token-file` as in `AuthConfig`;
+    docs/security.md)."""
 
     tls: ActorTlsConfig = ActorTlsConfig()
     auth: AuthConfig = AuthConfig()
-    # Ping the learner every this many seconds without traffic.
+    # A keepalive ping goes to the learner every this many seconds.
     keepalive_seconds: float = 10.0
-    # A learner that answers no ping for this long is gone: reconnect.
+    # A ping unanswered after peer_timeout_seconds - keepalive_seconds means the
+    # learner is gone: the actor reconnects (with backoff) until it is back.
     peer_timeout_seconds: float = 30.0
 
     def validate(self) -> None:

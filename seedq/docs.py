@@ -110,6 +110,9 @@ def config_markdown() -> str:
     for field in dataclasses.fields(config.TrainConfig):
         if dataclasses.is_dataclass(hints[field.name]):
             sections.append((hints[field.name].__name__, hints[field.name], field.name + "."))
+    # Flags of `seedq actor` / `seedq impala-actor` besides the env options (--atari.*, --dmc.*).
+    sections += [("ActorChannelConfig", config.ActorChannelConfig, ""),
+                 ("ActorTlsConfig", config.ActorTlsConfig, "tls.")]
     for name, cls, prefix in sections:
         out.append(f"\n## `{name}`" + (f" (`--{prefix[:-1]}.*`)" if prefix else "") + "\n\n")
         doc = inspect.getdoc(cls) or ""

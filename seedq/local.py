@@ -124,6 +124,9 @@ def train(
     config.validate()
     address = config.address or default_address()
     channel.check_exposure(config, address)
+    # Unreadable credential files fail here, in one line, before JAX starts.
+    channel.server_credentials(config.tls)
+    channel.server_interceptors(config.auth)
     if with_actors and config.tls.enabled:
         raise ValueError(
             "tls.* is for `seedq learner` with actors given the CA (`seedq actor --tls.ca`); "
@@ -198,6 +201,8 @@ def train(
     summary = reporter.finish(stop_reason) if reporter is not None else None
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)
+    if summary is None and stop_reason == "terminated":
+        return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
     if summary is None:
         raise RuntimeError("the learner failed to start; see the log above")
     return summary

@@ -288,7 +288,14 @@ def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_pa
         stop(learner, intruder, anonymous, *actors)
     assert learner.returncode == 0, _text(log)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["reached_target"] and summary["mean_return_last100"] >= 475, summary
+    # reached_target: the learner saw the 100-episode mean at >= 475. (The final
+    # mean_return_last100 is taken later, after the external actors' last
+    # episodes have landed, and can sit a little below it.)
+    assert summary["reached_target"] and summary["frames_to_target"], summary
+    assert summary["target_return"] == 475
+    print(f"token run: 475 reached at {summary['frames_to_target']:,} frames "
+          f"(final mean {summary['mean_return_last100']}); refused: intruder rc {intruder.returncode}, "
+          f"anonymous rc {anonymous.returncode}")
     # Refusals logged once per peer host (both refused actors came from 127.0.0.1).
     assert _text(log).count("missing or wrong bearer token") == 1, _text(log)
 
@@ -331,3 +338,32 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "terminated" and summary["frames"] > 20000
     assert os.path.isdir(summary["checkpoint"]) and summary["train_steps"] > 0
+    print(f"mTLS run: {len(refused)} actors refused, trusted actor {summary['frames']:,} frames; "
+          f"SIGTERM -> rc {learner.returncode}, checkpoint {os.path.basename(summary['checkpoint'])}")
+
+
+def test_idle_watchdog_closes_only_streams_waiting_on_a_silent_actor():
+    async def main():
+        loop = asyncio.get_running_loop()
+        dog = channel.IdleWatchdog(timeout=0.3)
+
+        async def silent_actor():  # the learner waits for a message that never comes
+            task = dog.register("actor silent")
+            dog.waiting(task, loop.time())
+            await asyncio.sleep(30)
+
+        async def busy_learner():  # the learner itself is slow (inference, backpressure)
+            task = dog.register("actor busy")
+            dog.waiting(task, loop.time())
+            dog.heard(task)
+            await asyncio.sleep(1.5)
+            return "served"
+
+        silent, busy = asyncio.create_task(silent_actor()), asyncio.create_task(busy_learner())
+        done = await asyncio.gather(silent, busy, return_exceptions=True)
+        dog.close()
+        return done
+
+    silent, busy = asyncio.run(main())
+    assert isinstance(silent, asyncio.CancelledError)
+    assert busy == "served"

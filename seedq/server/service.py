@@ -14,7 +14,7 @@ import logging
 import grpc
 
 from seedq import channel
-from seedq.config import ServerConfig, TlsConfig, AuthConfig
+from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
