@@ -181,13 +181,14 @@ def server_interceptors(auth: AuthConfig) -> list[grpc.aio.ServerInterceptor]:
     return [TokenInterceptor(read_token(auth.token_file))] if auth.token_file else []
 
 
-async def add_health_service(server: grpc.aio.Server):
-    """Adds the standard gRPC health service; returns a coroutine function
-    `set_serving(bool)` that updates the status of "" and the Learner service."""
+async def add_health_service(*servers: grpc.aio.Server):
+    """Adds one standard gRPC health service to `servers`; returns a coroutine
+    function `set_serving(bool)` that updates the status of "" and the Learner service."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for server in servers:
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
 
     async def set_serving(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

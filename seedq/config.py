@@ -47,6 +47,10 @@ class ServerConfig:
     # this long for the actor's next message, is closed: its env slots are
     # freed and its partial unrolls dropped.
     peer_timeout_seconds: float = 30.0
+    # Also serve the standard gRPC health service alone, in plaintext, on this
+    # TCP port of every interface (0: off): Kubernetes' gRPC probes cannot speak
+    # TLS, and this port answers health checks only (no training RPC).
+    health_port: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,6 +412,7 @@ class TrainConfig:
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,
+            "server.health_port": self.server.health_port,
             "atari.noop_max": self.atari.noop_max,
         }
         for name, value in non_negative.items():

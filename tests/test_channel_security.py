@@ -22,7 +22,7 @@ import trustme
 
 from seedq import certs as certs_lib
 from seedq import channel
-from seedq.config import AuthConfig, TlsConfig, TrainConfig
+from seedq.config import AuthConfig, ServerConfig, TlsConfig, TrainConfig
 from seedq.server.service import start_server
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 
@@ -208,6 +208,33 @@ def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1, [r.getMessage() for r in refusals]  # once per peer host, not per RPC
     assert "ipv4:127.0.0.1" in refusals[0].getMessage()
+
+
+def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
+    """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
+    use server.health_port; no Learner RPC is reachable there."""
+    health_port = free_port()
+
+    async def main():
+        server, address, set_serving = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0",
+            server_config=ServerConfig(health_port=health_port),
+            tls=TlsConfig(cert=pki["server.pem"], key=pki["server-key.pem"]),
+        )
+        await set_serving(True)
+        try:
+            loop = asyncio.get_running_loop()
+            on_health_port = await loop.run_in_executor(None, _call_all, f"127.0.0.1:{health_port}", None)
+            with pytest.raises(grpc.aio.AioRpcError) as plaintext:  # the actor port still wants TLS
+                await loop.run_in_executor(None, _call_all, address, None)
+            return on_health_port, plaintext.value.code()
+        finally:
+            await server.stop(None)
+
+    on_health_port, plaintext_code = asyncio.run(main())
+    assert on_health_port == {"Stream": grpc.StatusCode.UNIMPLEMENTED, "PushUnrolls": grpc.StatusCode.UNIMPLEMENTED,
+                              "PullParams": grpc.StatusCode.UNIMPLEMENTED, "health": "SERVING"}
+    assert plaintext_code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp_path):

@@ -143,9 +143,13 @@ def test_gpu_and_cpu_renders(renders):
     assert job["spec"]["completions"] == 1
     gpu = next(d for d in renders["gpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
     assert gpu["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
-    # No TLS on the port: the native gRPC probe asks the health service.
-    assert gpu["containers"][0]["livenessProbe"]["grpc"] == {"port": 50051}
-    assert gpu["containers"][0]["readinessProbe"]["grpc"] == {"port": 50051}
+    # The native gRPC probe asks the plaintext health-only port, with or without TLS on the actor port.
+    tpu = next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    for pod in (gpu, tpu):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert pod["containers"][0][probe]["grpc"] == {"port": 50052}, probe
+    config_map = next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "ConfigMap")
+    assert json.loads(config_map["data"]["config.json"])["server"]["health_port"] == 50052
     cpu = next(d for d in renders["cpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
     assert "limits" not in cpu["containers"][0]["resources"] and "nodeSelector" not in cpu
 
@@ -510,8 +514,8 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
             config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
                                                        {**mapping, k8s.RUNS_DIR: str(root / "runs")})))
             # Loopback instead of the pod's 0.0.0.0; a bounded run (flags override the file).
-            argv += ["--address", f"127.0.0.1:{port}", "--max-frames", "4000", "--max-seconds", "120",
-                     "--quiet"]
+            argv += ["--address", f"127.0.0.1:{port}", "--server.health-port", str(_free_port()),
+                     "--max-frames", "4000", "--max-seconds", "120", "--quiet"]
         else:
             argv[argv.index("--server") + 1] = f"127.0.0.1:{port}"  # the pod DNS name, resolved
         commands[doc["kind"]] = argv

@@ -95,6 +95,7 @@ def learner_config(config: TrainConfig, opts: K8sOptions) -> TrainConfig:
     auth = config_lib.AuthConfig(token_file=f"{TOKEN_DIR}/{TOKEN_KEY}" if opts.token_secret else "")
     return dataclasses.replace(
         config, address=f"0.0.0.0:{opts.port}", logdir=run_dir(config, opts), tls=tls, auth=auth,
+        server=dataclasses.replace(config.server, health_port=opts.health_port),
     )
 
 
@@ -151,11 +152,11 @@ def _pod_security() -> dict:
 
 
 def _probes(opts: K8sOptions) -> dict:
-    """Kubernetes' native gRPC probe asks the standard health service (grpc.health.v1),
-    which the learner serves without a token. The kubelet's gRPC probe cannot
-    speak TLS (Kubernetes 1.30), so with TLS on the learner port the probes
-    fall back to a TCP connect."""
-    check = {"grpc": {"port": opts.port}} if opts.tls_mode == "none" else {"tcpSocket": {"port": opts.port}}
+    """Kubernetes' native gRPC probe asks the standard health service (grpc.health.v1).
+    The kubelet's gRPC probe cannot speak TLS (Kubernetes 1.30), so it asks the
+    learner's plaintext health-only port (server.health_port), whatever the
+    actor channel's credentials."""
+    check = {"grpc": {"port": opts.health_port}}
     return {
         # JAX start-up and the first compile happen before the server listens: up to 10 minutes.
         "startupProbe": {**check, "periodSeconds": 10, "failureThreshold": 60},
@@ -235,7 +236,10 @@ def learner_job(config: TrainConfig, opts: K8sOptions) -> dict:
         "name": "learner",
         "image": opts.image,
         "command": learner_command(),
-        "ports": [{"name": "grpc", "containerPort": opts.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc", "containerPort": opts.port, "protocol": "TCP"},
+            {"name": "health", "containerPort": opts.health_port, "protocol": "TCP"},
+        ],
         "resources": placement["resources"],
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -386,7 +390,6 @@ def examples() -> dict[str, tuple[TrainConfig, K8sOptions]]:
         ),
         "gpu.yaml": (
             dataclasses.replace(pong, logdir="/runs/pong-gpu"),
-            # Token only: the kubelet's native gRPC probes reach the health service (no TLS).
             K8sOptions(accelerator="gpu", gpus=1, gpu_type="nvidia-l4", image=EXAMPLE_IMAGE, name="pong-gpu",
                        tls_mode="none"),
         ),

@@ -37,6 +37,9 @@ class K8sOptions:
     name: str = "seedq"
     # Port the learner serves actors on.
     port: int = 50051
+    # Plaintext port that answers gRPC health checks only (server.health_port):
+    # the kubelet's gRPC probes cannot speak TLS.
+    health_port: int = 50052
     # Actor channel: mutual (learner and actor certificates), server (learner
     # certificate only) or none; see the note on probes in launch/README.md.
     tls_mode: str = "mutual"
@@ -76,8 +79,11 @@ class K8sOptions:
             raise ValueError("--image is required (an image with seedq installed; see the Dockerfile)")
         if self.tls_mode not in TLS_MODES:
             raise ValueError(f"--tls-mode {self.tls_mode}: choose one of {', '.join(TLS_MODES)}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"--port {self.port}: must be in 1..65535")
+        for flag, port in (("--port", self.port), ("--health-port", self.health_port)):
+            if not 0 < port < 65536:
+                raise ValueError(f"{flag} {port}: must be in 1..65535")
+        if self.health_port == self.port:
+            raise ValueError(f"--health-port {self.health_port}: must differ from --port")
 
 
 

@@ -133,9 +133,12 @@ async def start_server(
     """Starts serving `address` (unix:/path, or host:port with port 0 for any free one)
     with the credentials and keepalive settings given, plus the gRPC health service.
 
-    Returns the running server, the address actors should dial, and the
-    coroutine function `set_serving(bool)` of its health status (NOT_SERVING
-    until the caller says otherwise).
+    With `server_config.health_port`, the health service is also served alone,
+    in plaintext, on that port (for probes that cannot speak TLS).
+
+    Returns the running servers (`stop(grace)`), the address actors should
+    dial, and the coroutine function `set_serving(bool)` of its health status
+    (NOT_SERVING until the caller says otherwise).
     """
     credentials = channel.server_credentials(tls)
     server = grpc.aio.server(
@@ -147,7 +150,14 @@ async def start_server(
         ] + channel.server_options(server_config.keepalive_seconds, server_config.peer_timeout_seconds),
     )
     seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
-    set_serving = await channel.add_health_service(server)
+    servers = [server]
+    if server_config.health_port:
+        # A server of its own, so that the plaintext port can reach nothing but health checks.
+        health_server = grpc.aio.server()
+        if health_server.add_insecure_port(f"0.0.0.0:{server_config.health_port}") == 0:
+            raise OSError(f"could not listen on health port {server_config.health_port} (server.health_port)")
+        servers.append(health_server)
+    set_serving = await channel.add_health_service(*servers)
     try:
         if credentials is not None:
             port = server.add_secure_port(address, credentials)
@@ -159,7 +169,18 @@ async def start_server(
         port = 0
     if port == 0:
         raise OSError(f"could not listen on {address} (in use, or not an address of this host)")
-    await server.start()
+    for each in servers:
+        await each.start()
     if not address.startswith("unix"):
         address = f"{address.rsplit(':', 1)[0]}:{port}"
-    return server, address, set_serving
+    return LearnerServers(servers), address, set_serving
+
+
+class LearnerServers:
+    """The learner's gRPC server and, with server.health_port, its health-only server: stopped together."""
+
+    def __init__(self, servers: list[grpc.aio.Server]):
+        self._servers = servers
+
+    async def stop(self, grace: float | None) -> None:
+        await asyncio.gather(*(server.stop(grace) for server in self._servers))
