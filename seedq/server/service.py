@@ -1,8 +1,12 @@
 """The gRPC side of the learner: one bidirectional stream per actor.
 
-Protocol errors (bad handshake, unknown env index, wrong byte length, spec
-mismatch) end only the offending stream, with INVALID_ARGUMENT and a message
-that names the field; every other stream keeps being served.
+Errors end only the offending stream, with a status a client can act on
+(docs/wire.md): protocol errors (bad handshake, unknown env index, wrong byte
+length, non-finite values, spec mismatch) with INVALID_ARGUMENT, messages out
+of order with FAILED_PRECONDITION, both naming the field; a superseded run
+with ABORTED, shutdown with UNAVAILABLE, and anything unexpected with
+INTERNAL after logging its traceback. Every other stream keeps being served;
+no input ends in gRPC's UNKNOWN.
 """
 
 from __future__ import annotations
@@ -27,21 +31,17 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         self.learner_run = learner_run
         self.max_envs_per_actor = max_envs_per_actor
 
-    @staticmethod
-    async def _abort_superseded(context, entry) -> None:
-        await context.abort(
-            grpc.StatusCode.ABORTED,
-            f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
-        )
-
     def check_handshake(self, message: seed_pb2.ActorMessage):
         """The decoded handshake, or ProtocolError naming the field: the actor's
         spec must match the learner's and its env count fit the limit."""
         handshake, actor_spec = codec.decode_handshake(message)
-        mismatch = self.inference.spec.describe_mismatch(actor_spec)
+        expected = self.inference.spec
+        mismatch = expected.describe_mismatch(actor_spec)
         if mismatch:
             field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
-            raise codec.ProtocolError("handshake." + field, detail.strip())
+            raise codec.ProtocolError(
+                "handshake." + field, f"{detail.strip()} (learner expects {describe_spec(expected)})"
+            )
         if handshake.num_envs > self.max_envs_per_actor:
             raise codec.ProtocolError(
                 "handshake.num_envs",
@@ -50,51 +50,89 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             )
         return handshake
 
-    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
-        message = await context.read()
-        if message is grpc.aio.EOF:
-            return
+    def connect(self, handshake):
+        """Registers the stream's actor; the duplicate-run refusal names the field."""
         try:
+            return self.inference.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+        except ValueError as e:  # "actor ... run ... is already connected"
+            raise codec.ProtocolError("handshake.run_id", str(e)) from None
+
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+        guard = StreamGuard(context)
+        async with guard:
+            message = await context.read()
+            if message is grpc.aio.EOF:
+                return
             handshake = self.check_handshake(message)
-            entry, superseded = self.inference.connect(
-                handshake.actor_id, handshake.run_id, handshake.num_envs
-            )
-        except (codec.ProtocolError, ValueError) as e:
-            log.warning("refused a stream: %s", e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return
+            entry, superseded = self.connect(handshake)
+        guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
         log.info("actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         try:
-            await context.write(
-                seed_pb2.LearnerMessage(
-                    ack=seed_pb2.HandshakeAck(
-                        protocol_version=codec.PROTOCOL_VERSION, learner_run=self.learner_run
-                    )
-                )
-            )
-            while True:
-                message = await context.read()
-                if message is grpc.aio.EOF:
-                    return
-                if entry.closed:
-                    await self._abort_superseded(context, entry)
-                try:
+            async with guard:
+                await context.write(codec.encode_handshake_ack(self.inference.spec, self.learner_run))
+                while True:
+                    message = await context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    if entry.closed:
+                        raise RunSuperseded()
                     steps = codec.decode_steps(message, self.inference.spec, entry.num_envs)
-                except codec.ProtocolError as e:
-                    log.warning("actor %s sent a bad message: %s", entry.actor_id, e)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                try:
                     actions, version = await self.inference.submit(entry, steps)
-                except ServerClosing:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
-                except RunSuperseded:
-                    await self._abort_superseded(context, entry)
-                await context.write(codec.encode_actions(actions, self.inference.spec, version))
+                    await context.write(codec.encode_actions(actions, self.inference.spec, version))
         finally:
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
             self.inference.release(entry)
+
+
+def describe_spec(spec: codec.EnvSpec) -> str:
+    """One line: observation dtype[shape] and the action space."""
+    return f"observation {spec.obs_dtype}{list(spec.obs_shape)}, action_space {spec.action_text()}"
+
+
+class StreamGuard:
+    """`async with guard:` ends the stream with the status its error deserves.
+
+    ProtocolError -> INVALID_ARGUMENT (OutOfOrder -> FAILED_PRECONDITION),
+    the text naming the field; RunSuperseded -> ABORTED; ServerClosing ->
+    UNAVAILABLE; anything else -> INTERNAL, logged with its traceback first
+    (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
+    """
+
+    def __init__(self, context):
+        self.context = context
+        self.who = f"a new stream from {context.peer()}"
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, error, tb):
+        if error is None or not isinstance(error, Exception):
+            return False  # clean exit, or cancellation (the client went away)
+        if isinstance(error, grpc.aio.AbortError):
+            return False  # already aborted with its status
+        code, details = self.status_of(error)
+        await self.context.abort(code, details)
+
+    def status_of(self, error: Exception) -> tuple[grpc.StatusCode, str]:
+        if isinstance(error, codec.ProtocolError):
+            log.warning("refused %s: %s", self.who, error)
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if isinstance(error, codec.OutOfOrder)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            return code, str(error)
+        if isinstance(error, RunSuperseded):
+            return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
+        if isinstance(error, ServerClosing):
+            return grpc.StatusCode.UNAVAILABLE, "learner is shutting down"
+        log.error("internal error serving %s", self.who, exc_info=error)
+        return (
+            grpc.StatusCode.INTERNAL,
+            f"learner error {type(error).__name__}: {error} (its traceback is in the learner log)",
+        )
 
 
 async def start_server(service: LearnerService, address: str) -> tuple[grpc.aio.Server, str]:
