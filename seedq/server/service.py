@@ -15,6 +15,7 @@ import logging
 import os
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
@@ -85,6 +86,18 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
             self.inference.release(entry)
 
+    # The IMPALA RPCs, at a SEED learner (ImpalaLearnerService overrides both).
+
+    async def PullParams(self, request, context):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, WRONG_ARCHITECTURE)
+        yield  # an async generator, like the real one
+
+    async def PushUnrolls(self, request_iterator, context):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, WRONG_ARCHITECTURE)
+
+
+WRONG_ARCHITECTURE = "this learner runs architecture=seed: start actors with `seedq actor`"
+
 
 def describe_spec(spec: codec.EnvSpec) -> str:
     """One line: observation dtype[shape] and the action space."""
@@ -95,7 +108,7 @@ class StreamGuard:
     """`async with guard:` ends the stream with the status its error deserves.
 
     ProtocolError -> INVALID_ARGUMENT (OutOfOrder -> FAILED_PRECONDITION),
-    the text naming the field; RunSuperseded -> ABORTED; ServerClosing ->
+    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; RunSuperseded -> ABORTED; ServerClosing ->
     UNAVAILABLE; anything else -> INTERNAL, logged with its traceback first
     (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
     """
@@ -124,6 +137,9 @@ class StreamGuard:
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             return code, str(error)
+        if isinstance(error, DecodeError):  # bytes that are no message of the RPC's type
+            log.warning("refused %s: undecodable message: %s", self.who, error)
+            return grpc.StatusCode.INVALID_ARGUMENT, f"message: not a valid protobuf encoding ({error})"
         if isinstance(error, RunSuperseded):
             return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
         if isinstance(error, ServerClosing):
