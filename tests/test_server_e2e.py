@@ -668,3 +668,51 @@ def test_actions_use_fresh_parameters_and_steady_state_never_recompiles(healthy,
     # Both batch sizes in play (the real actor's 4 envs, this client's 2, both
     # together) pad to buckets compiled during the first steps.
     assert learner.inference.stats.compiles == compiles_before
+
+
+# --- slow and stuck actors ---------------------------------------------------------------
+
+
+def test_stuck_and_slow_actors_never_hold_back_a_healthy_one(healthy, raw):
+    """A stuck stream (answered once, then silent) and a slow one (a message a
+    second) beside a healthy one: the healthy one's steps keep being answered,
+    the batcher waits for the stuck one at most once and for the slow one at
+    most once per message it sends, and neither holds more than its own slots."""
+    learner, address, actor, _ = healthy
+    stuck = raw.RawStream(address, timeout=WAIT_SECONDS)
+    slow = raw.RawStream(address, timeout=WAIT_SECONDS)
+    probe = raw.RawStream(address, timeout=WAIT_SECONDS)
+    slow_sent = []
+    try:
+        stuck.handshake("stuck", uuid.uuid4().hex, 3)
+        assert stuck.step(3).shape == (3,)  # answered once; then it never sends again
+        stuck_entry = connected_entry(learner, "stuck")
+        slow.handshake("slow", uuid.uuid4().hex, 2)
+        slow_entry = connected_entry(learner, "slow")
+        probe.handshake("probe", uuid.uuid4().hex, 2)
+
+        def slow_actor():
+            for _ in range(3):
+                slow.step(2)
+                slow_sent.append(None)
+                time.sleep(1.0)
+
+        slow_thread = threading.Thread(target=slow_actor)
+        slow_thread.start()
+        answered = 0
+        while slow_thread.is_alive() or answered < 300:
+            assert probe.step(2).shape == (2,)
+            answered += 1
+            assert answered < 100_000
+        slow_thread.join()
+        # The stuck stream is still connected, holding only its own 3 slots and no request.
+        assert connected_entry(learner, "stuck") is stuck_entry and not stuck_entry.closed
+        np.testing.assert_array_equal(learner.inference.store.partial_steps(stuck_entry.slots), [1, 1, 1])
+        assert all(r.entry is not stuck_entry for r in learner.inference._pending)
+        assert stuck_entry.timed_out_waits <= 1, stuck_entry.timed_out_waits
+        assert slow_entry.timed_out_waits <= len(slow_sent) == 3, slow_entry.timed_out_waits
+    finally:
+        for stream in (stuck, slow, probe):
+            stream.close()
+    wait_until(lambda: learner.table.num_connected == 1, "the three streams to leave")
+    assert_training_continues(learner, procs=[actor])
