@@ -9,8 +9,10 @@ alternating phases of `seconds` each, all in one run:
          hold their stream open without sending again;
   slow:  (with --slow-actors) plus streams that send one step a second.
 
-Each phase starts fresh actor processes (their warm-up is skipped in their
-statistics) and reports the median over them of their round-trip p50/p99,
+The stuck and slow streams live in a process of their own, as real actors
+would (never in the learner's process, where their client threads would
+compete with the server for the GIL). Each phase starts fresh actor processes
+(their warm-up is skipped in their statistics) and reports the median over them of their round-trip p50/p99,
 frames/s, and how many inference batches waited on the batch timeout for a
 silent stream. Phases alternate for `rounds` rounds, so that drifting machine
 load falls on every phase alike.
@@ -18,6 +20,7 @@ load falls on every phase alike.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import tempfile
@@ -72,22 +75,50 @@ class SilentStream:
         self.channel.close()
 
 
+def _silent_worker(address, spec, num_envs, count, every, ready, stop, sent) -> None:
+    streams = [SilentStream(address, spec, num_envs, every) for _ in range(count)]
+    ready.set()
+    stop.wait()
+    sent.put(sum(s.sent for s in streams))
+    for stream in streams:
+        stream.close()
+
+
+class SilentActors:
+    """`count` SilentStreams in a process of their own; `close()` returns the steps they sent."""
+
+    def __init__(self, address, spec, num_envs: int, count: int, every: float):
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that imported JAX
+        self._ready, self._stop, self._sent = ctx.Event(), ctx.Event(), ctx.Queue()
+        self.process = ctx.Process(
+            target=_silent_worker,
+            args=(address, spec, num_envs, count, every, self._ready, self._stop, self._sent),
+        )
+        self.process.start()
+        if not self._ready.wait(120):
+            self.process.kill()
+            raise RuntimeError("the silent streams did not connect within 120 s")
+
+    def close(self) -> int:
+        self._stop.set()
+        sent = self._sent.get(timeout=60)
+        self.process.join(timeout=30)
+        return sent
+
+
 def _phase(learner, address, config, phase: str, args, stats_dir: str, round_index: int) -> dict:
     from seedq.bench.throughput import _wait_for_actors, read_json
     from seedq.local import spawn_actors, stop_actors
 
-    silent = []
-    if phase == "stuck":
-        silent = [SilentStream(address, learner.spec, args["envs_per_actor"]) for _ in range(args["stuck_actors"])]
-    elif phase == "slow":
-        silent = [SilentStream(address, learner.spec, args["envs_per_actor"], every=1.0)
-                  for _ in range(args["slow_actors"])]
+    count = {"stuck": args["stuck_actors"], "slow": args["slow_actors"]}.get(phase, 0)
+    silent = SilentActors(address, learner.spec, args["envs_per_actor"], count,
+                          every=1.0 if phase == "slow" else 0.0) if count else None
     phase_dir = os.path.join(stats_dir, f"{round_index}-{phase}")
     os.makedirs(phase_dir)
     stats = learner.inference.stats
     actors = spawn_actors(address, config, phase_dir, stats_skip_seconds=args["warmup_seconds"])
     try:
-        _wait_for_actors(learner, args["actors"] + len(silent), actors)
+        _wait_for_actors(learner, args["actors"] + count, actors)
         time.sleep(args["warmup_seconds"])
         waits0, batches0, steps0 = stats.timed_out_waits, stats.batches, stats.env_steps
         time.sleep(args["seconds"])
@@ -95,8 +126,7 @@ def _phase(learner, address, config, phase: str, args, stats_dir: str, round_ind
         steps = stats.env_steps - steps0
     finally:
         stop_actors(actors)
-        for stream in silent:
-            stream.close()
+        silent_sent = silent.close() if silent else 0
     summaries = [read_json(os.path.join(phase_dir, f"actor-{i}.json")) for i in range(args["actors"])]
     summaries = [s for s in summaries if s and s["rtt_p99_ms"] is not None]
     if not summaries:
@@ -109,7 +139,7 @@ def _phase(learner, address, config, phase: str, args, stats_dir: str, round_ind
         "timed_out_waits": waits,
         "inference_batches": batches,
         "mean_inference_batch": steps / batches if batches else 0.0,
-        "silent_messages": sum(s.sent for s in silent),
+        "silent_messages": silent_sent,
     }
 
 

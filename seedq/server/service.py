@@ -86,14 +86,16 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
             self.inference.release(entry)
 
-    # The IMPALA RPCs, at a SEED learner (ImpalaLearnerService overrides both).
+    # The IMPALA RPCs, at a SEED learner (ImpalaLearnerService overrides both):
+    # UNIMPLEMENTED, as gRPC's default would say, but with a hint and without
+    # the default's traceback in the learner log.
 
     async def PullParams(self, request, context):
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, WRONG_ARCHITECTURE)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, WRONG_ARCHITECTURE)
         yield  # an async generator, like the real one
 
     async def PushUnrolls(self, request_iterator, context):
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, WRONG_ARCHITECTURE)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, WRONG_ARCHITECTURE)
 
 
 WRONG_ARCHITECTURE = "this learner runs architecture=seed: start actors with `seedq actor`"
