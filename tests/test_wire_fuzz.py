@@ -810,3 +810,36 @@ def test_fuzzed_pushes_through_an_impala_learner(impala_learner, log_watch):
     assert tap.unrolls == 0  # no refused batch was queued
     assert log_watch.bad == []
     wait_until(lambda: learner.table.num_connected == 0, "the fuzz streams to be released")
+
+
+def test_random_bytes_through_both_learners(seed_cluster, impala_learner, log_watch):
+    """Arbitrary bytes as the request of each RPC: refused naming a field (or, when
+    they happen to parse, answered like the message they parse as); never
+    UNKNOWN or INTERNAL."""
+    learner, seed_address, actor, tap = seed_cluster
+    _, impala_address, _ = impala_learner
+    fields = ("message", "handshake", "steps", "unrolls")
+    with grpc.insecure_channel(seed_address) as seed_channel, \
+            grpc.insecure_channel(impala_address) as impala_channel:
+        stream = seed_channel.stream_stream("/seedq.v1.Learner/Stream")
+        push = impala_channel.stream_stream("/seedq.v1.Learner/PushUnrolls")
+        pull = impala_channel.unary_stream("/seedq.v1.Learner/PullParams")
+
+        def body(example):
+            rpc, data = example
+            if rpc == "pull":
+                try:
+                    chunks = [seed_pb2.ParamsChunk.FromString(c) for c in pull(data, timeout=20)]
+                except grpc.RpcError as e:
+                    assert_refused(e, INVALID, "message", data)
+                    return
+                assert chunks and chunks[0].precision == "fp32"  # it parsed: a real pull
+                return
+            replies, error = call_stream(stream if rpc == "stream" else push, [data])
+            assert error is not None, data  # no valid handshake is this short
+            assert error.code() in (INVALID, PRECONDITION), (data, error.code(), error.details())
+            assert error.details().split(":")[0].split(".")[0] in fields, error.details()
+
+        run_fuzz(st.tuples(st.sampled_from(["stream", "push", "pull"]), st.binary(max_size=40)), 200, body)
+    assert actor.poll() is None
+    assert log_watch.bad == []

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from seedq.server.inference import BEHAVIOUR_VERSION, ServerClosing
-from seedq.server.service import LearnerService, StreamGuard
+from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.unrolls import QueueClosed
 from seedq.v1 import seed_pb2
 from seedq.wire import codec, impala_codec
@@ -77,6 +77,9 @@ class ImpalaLearnerService(LearnerService):
         )
 
     async def PullParams(self, request, context):
+        if isinstance(request, Undecodable):
+            log.warning("refused a parameter pull from %s: %s", context.peer(), request.error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.refusal())
         have = request.have_version
         version, data = await asyncio.get_running_loop().run_in_executor(None, self.publisher.latest)
         chunks = impala_codec.params_chunks(

@@ -11,6 +11,7 @@ no input ends in gRPC's UNKNOWN.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -101,6 +102,56 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
 WRONG_ARCHITECTURE = "this learner runs architecture=seed: start actors with `seedq actor`"
 
 
+@dataclasses.dataclass(frozen=True)
+class Undecodable:
+    """A unary request whose bytes parse as no message of its type."""
+
+    error: str
+
+    def refusal(self) -> str:
+        return f"message: not a valid protobuf encoding ({self.error})"
+
+
+def _tolerant(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return Undecodable(str(e))
+
+    return deserialize
+
+
+def add_learner_service(service: LearnerService, server: grpc.aio.Server) -> None:
+    """Registers `service` as the generated add_LearnerServicer_to_server does,
+    except that a unary request that does not parse reaches the handler as
+    `Undecodable` (refused with INVALID_ARGUMENT) instead of failing inside
+    gRPC, which would answer UNKNOWN and log a traceback. (Streams read their
+    messages inside the handler, where StreamGuard catches a DecodeError.)"""
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            service.Stream,
+            request_deserializer=seed_pb2.ActorMessage.FromString,
+            response_serializer=seed_pb2.LearnerMessage.SerializeToString,
+        ),
+        "PullParams": grpc.unary_stream_rpc_method_handler(
+            service.PullParams,
+            request_deserializer=_tolerant(seed_pb2.ParamsRequest.FromString),
+            response_serializer=seed_pb2.ParamsChunk.SerializeToString,
+        ),
+        "PushUnrolls": grpc.stream_stream_rpc_method_handler(
+            service.PushUnrolls,
+            request_deserializer=seed_pb2.UnrollMessage.FromString,
+            response_serializer=seed_pb2.UnrollAck.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+SERVICE_NAME = seed_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+
+
 def describe_spec(spec: codec.EnvSpec) -> str:
     """One line: observation dtype[shape] and the action space."""
     return f"observation {spec.obs_dtype}{list(spec.obs_shape)}, action_space {spec.action_text()}"
@@ -165,7 +216,7 @@ async def start_server(service: LearnerService, address: str) -> tuple[grpc.aio.
             ("grpc.so_reuseport", 0),
         ]
     )
-    seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
+    add_learner_service(service, server)
     if address.startswith("unix:"):
         path = address[len("unix:") :]
         if os.path.exists(path):
