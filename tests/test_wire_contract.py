@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import uuid
 
 import grpc
@@ -42,18 +43,10 @@ class ContractClient:
 
     def __init__(self, address: str):
         self.channel = grpc.insecure_channel(address)
-        self._outbox: list = []
+        # One request in flight: every send() is followed by its recv().
+        self._queue: queue.Queue = queue.Queue()
         stub = seed_pb2_grpc.LearnerStub(self.channel)
-        self.call = stub.Stream(self._requests(), timeout=DEADLINE_SECONDS)
-
-    def _requests(self):
-        # One request in flight: the next message is produced only after the
-        # previous answer was read (send() then recv()).
-        import queue
-
-        self._queue = queue.Queue()
-        while (message := self._queue.get()) is not None:
-            yield message
+        self.call = stub.Stream(iter(self._queue.get, None), timeout=DEADLINE_SECONDS)
 
     def send(self, message: seed_pb2.ActorMessage) -> None:
         self._queue.put(message)
