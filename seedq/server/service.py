@@ -24,7 +24,7 @@ from seedq.wire import codec
 
 log = logging.getLogger("seedq.server")
 
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_MESSAGE_BYTES = codec.MAX_MESSAGE_BYTES
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):

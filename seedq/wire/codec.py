@@ -33,8 +33,11 @@ CONTINUOUS_ACTION_DTYPE = np.dtype("<f4")
 # object and datetime dtypes have no meaning to a network; big-endian ones
 # would be misread by np.frombuffer on every learner (all are little-endian).
 OBSERVATION_DTYPE_KINDS = frozenset("biuf")
-# One env's observation must fit in one gRPC message (the server's limit).
-MAX_OBSERVATION_BYTES = 64 << 20
+# The learner's gRPC message limit (both directions; docs/wire.md). One env's
+# observation must fit in one message.
+MAX_MESSAGE_BYTES = 64 << 20
+MAX_OBSERVATION_BYTES = MAX_MESSAGE_BYTES
+_LITTLE_ENDIAN_HOST = np.dtype("=i4").str == "<i4"
 
 
 class ProtocolError(ValueError):
@@ -69,9 +72,6 @@ def wire_dtype(text: str, field: str) -> np.dtype:
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE_ENDIAN_HOST):
         raise ProtocolError(field, f"dtype {text!r} is big-endian; the wire is little-endian")
     return dtype
-
-
-_LITTLE_ENDIAN_HOST = np.dtype("=i4").str == "<i4"
 
 
 @dataclasses.dataclass(frozen=True)
