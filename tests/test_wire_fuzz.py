@@ -12,8 +12,9 @@ the fuzz, whose unrolls must keep arriving throughout while nothing
 non-finite ever enters the training queue and the learner logs no
 unhandled exception.
 
-Total: 10,000 decode-level cases plus 600 through the servers (the
-max_examples below); derandomized for a stable CI.
+Total (the max_examples below): 10,000 decode-level cases plus 800 through
+the servers (400 SEED streams, 200 IMPALA pushes, 200 requests of random
+bytes); derandomized for a stable CI.
 """
 
 from __future__ import annotations
