@@ -154,12 +154,13 @@ def run(
     rounds: int = 2,
     train: bool = True,
 ) -> dict:
+    if stuck_actors < 1:
+        raise ValueError("--stuck-actors must be >= 1 (the benchmark compares with and without them)")
+    if rounds < 1 or seconds <= 0:
+        raise ValueError("--rounds must be >= 1 and --seconds > 0")
     from seedq.config import TrainConfig
     from seedq.learner.learner import Learner
     from seedq.local import default_address
-
-    if stuck_actors < 1:
-        raise ValueError("--stuck-actors must be >= 1 (the benchmark compares with and without them)")
     config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor)
     config.validate()
     phases = ["alone", "stuck"] + (["slow"] if slow_actors else [])
