@@ -716,3 +716,24 @@ def test_stuck_and_slow_actors_never_hold_back_a_healthy_one(healthy, raw):
             stream.close()
     wait_until(lambda: learner.table.num_connected == 1, "the three streams to leave")
     assert_training_continues(learner, procs=[actor])
+
+
+def test_bench_stuck_reports_each_phase_side_by_side():
+    """`seedq bench stuck`, shortest run: every phase measured, and (counts, not
+    times) the batcher waited for the stuck stream at most once, and for the
+    slow one no more often than the steps it sent."""
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "bench", "stuck", "--envs-per-actor", "4", "--seconds", "1",
+         "--warmup-seconds", "0.5", "--rounds", "1", "--slow-actors", "1", "--no-train", "--json"],
+        capture_output=True, text=True, timeout=150,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    phases = report["phases"]
+    assert set(phases) == {"alone", "stuck", "slow"}
+    for phase in phases.values():
+        assert phase["inference_batches"][0] > 0 and phase["rtt_p99_ms"][0] > 0
+    assert phases["stuck"]["silent_messages"] == [1]
+    assert phases["stuck"]["timed_out_waits"][0] <= 1  # at most the one after its step
+    assert phases["slow"]["timed_out_waits"][0] <= phases["slow"]["silent_messages"][0]
+    assert report["rtt_p99_ratio_stuck_to_alone"] > 0 and report["rtt_p99_ratio_slow_to_alone"] > 0
