@@ -399,6 +399,23 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--warmup-seconds", type=float, default=3.0)
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
+    stuck = bench_sub.add_parser(
+        "stuck",
+        help="a healthy actor's round trip with and without stuck (and slow) actors, in one run",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    stuck.add_argument("--env", default="CartPole-v1")
+    stuck.add_argument("--actors", type=int, default=1, help="healthy actor processes")
+    stuck.add_argument("--envs-per-actor", type=int, default=32)
+    stuck.add_argument("--stuck-actors", type=int, default=1,
+                       help="streams that send one step and then hold their stream silently")
+    stuck.add_argument("--slow-actors", type=int, default=0,
+                       help="streams that send one step a second (a third phase when > 0)")
+    stuck.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase")
+    stuck.add_argument("--warmup-seconds", type=float, default=2.0)
+    stuck.add_argument("--rounds", type=int, default=2, help="alternating rounds of the phases")
+    stuck.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
+    stuck.add_argument("--json", action="store_true", help="print one JSON object")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -712,16 +729,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         if args.bench == "inference":
             return _bench_inference(args)
-        from seedq.bench import throughput
+        if args.bench == "stuck":
+            from seedq.bench import stuck
 
-        result = throughput.run(
-            env_id=args.env,
-            num_actors=args.actors,
-            envs_per_actor=args.envs_per_actor,
-            seconds=args.seconds,
-            warmup_seconds=args.warmup_seconds,
-            train=not args.no_train,
-        )
+            try:
+                result = stuck.run(
+                    env_id=args.env, num_actors=args.actors, envs_per_actor=args.envs_per_actor,
+                    stuck_actors=args.stuck_actors, slow_actors=args.slow_actors, seconds=args.seconds,
+                    warmup_seconds=args.warmup_seconds, rounds=args.rounds, train=not args.no_train,
+                )
+            except (ValueError, RuntimeError) as e:
+                print(f"seedq bench stuck: {e}", file=sys.stderr)
+                return 1
+        else:
+            from seedq.bench import throughput
+
+            result = throughput.run(
+                env_id=args.env,
+                num_actors=args.actors,
+                envs_per_actor=args.envs_per_actor,
+                seconds=args.seconds,
+                warmup_seconds=args.warmup_seconds,
+                train=not args.no_train,
+            )
         if args.json:
             print(json.dumps(result))
         else:

@@ -352,3 +352,56 @@ def test_protocol_error_is_value_error():
     assert isinstance(e, ValueError)
     assert e.field == "steps.rewards"
     assert str(e) == "steps.rewards: bad"
+
+
+@pytest.mark.parametrize("dtype", ["S16", "U4", "V16", "f4,", ">f4", ">i8", "c8", "O", "M8", "(2,)f4"])
+def test_handshake_dtype_not_carried_by_the_wire(dtype):
+    """Unreadable once renamed (S16, U4, V16, f4,) or misread (big-endian): refused."""
+    message = handshake()
+    message.handshake.observation.dtype = dtype
+    with raises_field("handshake.observation.dtype") as info:
+        codec.decode_handshake(message)
+    assert repr(dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("dtype,name", [("<f4", "float32"), ("|u1", "uint8"), ("?", "bool"), ("=i8", "int64")])
+def test_handshake_dtype_spellings_decode_to_canonical_names(dtype, name):
+    message = handshake()
+    message.handshake.observation.dtype = dtype
+    assert codec.decode_handshake(message)[1].obs_dtype == name
+
+
+def test_handshake_ack_carries_the_expected_spec():
+    for spec in (DISCRETE, BOX, IMAGE):
+        wire = seed_pb2.LearnerMessage.FromString(codec.encode_handshake_ack(spec, "run-7").SerializeToString())
+        ack, expected = codec.decode_handshake_ack(wire)
+        assert ack.protocol_version == codec.PROTOCOL_VERSION and ack.learner_run == "run-7"
+        assert expected == spec
+    # A learner that sends no spec (older revision): None, not an error.
+    ack, expected = codec.decode_handshake_ack(seed_pb2.LearnerMessage(ack=seed_pb2.HandshakeAck()))
+    assert expected is None
+
+
+@pytest.mark.parametrize("field", ["rewards", "observations"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_steps_non_finite_values_refused(field, value):
+    indices, rewards, terminated, truncated, obs = make_steps(n=3)
+    (rewards if field == "rewards" else obs)[1] = value
+    message = codec.encode_steps(indices, rewards, terminated, truncated, obs)
+    with raises_field("steps." + field) as info:
+        codec.decode_steps(message, DISCRETE, num_envs=3)
+    assert "entry 1" in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["terminated", "truncated"])
+def test_steps_flags_must_be_zero_or_one(field):
+    message = codec.encode_steps(*make_steps(n=2))
+    setattr(message.steps, field, b"\x00\x02")
+    with raises_field("steps." + field):
+        codec.decode_steps(message, DISCRETE, num_envs=3)
+
+
+def test_second_handshake_is_out_of_order():
+    with pytest.raises(codec.OutOfOrder) as info:
+        codec.decode_steps(handshake(), DISCRETE, num_envs=3)
+    assert info.value.field == "steps"

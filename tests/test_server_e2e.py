@@ -668,3 +668,72 @@ def test_actions_use_fresh_parameters_and_steady_state_never_recompiles(healthy,
     # Both batch sizes in play (the real actor's 4 envs, this client's 2, both
     # together) pad to buckets compiled during the first steps.
     assert learner.inference.stats.compiles == compiles_before
+
+
+# --- slow and stuck actors ---------------------------------------------------------------
+
+
+def test_stuck_and_slow_actors_never_hold_back_a_healthy_one(healthy, raw):
+    """A stuck stream (answered once, then silent) and a slow one (a message a
+    second) beside a healthy one: the healthy one's steps keep being answered,
+    the batcher waits for the stuck one at most once and for the slow one at
+    most once per message it sends, and neither holds more than its own slots."""
+    learner, address, actor, _ = healthy
+    stuck = raw.RawStream(address, timeout=WAIT_SECONDS)
+    slow = raw.RawStream(address, timeout=WAIT_SECONDS)
+    probe = raw.RawStream(address, timeout=WAIT_SECONDS)
+    slow_sent = []
+    try:
+        stuck.handshake("stuck", uuid.uuid4().hex, 3)
+        assert stuck.step(3).shape == (3,)  # answered once; then it never sends again
+        stuck_entry = connected_entry(learner, "stuck")
+        slow.handshake("slow", uuid.uuid4().hex, 2)
+        slow_entry = connected_entry(learner, "slow")
+        probe.handshake("probe", uuid.uuid4().hex, 2)
+
+        def slow_actor():
+            for _ in range(3):
+                slow.step(2)
+                slow_sent.append(None)
+                time.sleep(1.0)
+
+        slow_thread = threading.Thread(target=slow_actor)
+        slow_thread.start()
+        answered = 0
+        while slow_thread.is_alive() or answered < 300:
+            assert probe.step(2).shape == (2,)
+            answered += 1
+            assert answered < 100_000
+        slow_thread.join()
+        # The stuck stream is still connected, holding only its own 3 slots and no request.
+        assert connected_entry(learner, "stuck") is stuck_entry and not stuck_entry.closed
+        np.testing.assert_array_equal(learner.inference.store.partial_steps(stuck_entry.slots), [1, 1, 1])
+        assert all(r.entry is not stuck_entry for r in learner.inference._pending)
+        assert stuck_entry.timed_out_waits <= 1, stuck_entry.timed_out_waits
+        assert slow_entry.timed_out_waits <= len(slow_sent) == 3, slow_entry.timed_out_waits
+    finally:
+        for stream in (stuck, slow, probe):
+            stream.close()
+    wait_until(lambda: learner.table.num_connected == 1, "the three streams to leave")
+    assert_training_continues(learner, procs=[actor])
+
+
+def test_bench_stuck_reports_each_phase_side_by_side():
+    """`seedq bench stuck`, shortest run: every phase measured, and (counts, not
+    times) the batcher waited for the stuck stream at most once, and for the
+    slow one no more often than the steps it sent."""
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "bench", "stuck", "--envs-per-actor", "4", "--seconds", "1",
+         "--warmup-seconds", "0.5", "--rounds", "1", "--slow-actors", "1", "--no-train", "--json"],
+        capture_output=True, text=True, timeout=150,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    phases = report["phases"]
+    assert set(phases) == {"alone", "stuck", "slow"}
+    for phase in phases.values():
+        assert phase["inference_batches"][0] > 0 and phase["rtt_p99_ms"][0] > 0
+    assert phases["stuck"]["silent_messages"] == [1]
+    assert phases["stuck"]["timed_out_waits"][0] <= 1  # at most the one after its step
+    assert phases["slow"]["timed_out_waits"][0] <= phases["slow"]["silent_messages"][0]
+    assert report["rtt_p99_ratio_stuck_to_alone"] > 0 and report["rtt_p99_ratio_slow_to_alone"] > 0

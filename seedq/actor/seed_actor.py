@@ -42,7 +42,13 @@ MAX_BACKOFF_SECONDS = 1.0
 # Vector steps before the time split's steady-state window opens.
 WARM_STEPS = 50
 
-FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+# docs/wire.md: a malformed or mismatching message, one out of order, or one
+# over the learner's message size limit.
+FATAL_CODES = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 
 
 class FatalActorError(RuntimeError):
@@ -152,13 +158,17 @@ async def _serve_one_connection(
                 spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id
             )
         )
-        ack = await call.read()
-        if ack is grpc.aio.EOF:
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
+        ack, expected = codec.decode_handshake_ack(reply)
+        mismatch = expected.describe_mismatch(spec) if expected is not None else None
+        if mismatch:  # the learner refuses a mismatch itself; this guards a buggy one
+            raise FatalActorError(f"learner {ack.learner_run} expects another spec: {mismatch}")
         stats.connections += 1
         if stats.connections == 1 and skip_seconds:
             stats.record_after = time.perf_counter() + skip_seconds
-        log.info("actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.ack.learner_run)
+        log.info("actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.learner_run)
         obs, _ = env.reset(seed=seed)
         rewards = np.zeros(num_envs, np.float32)
         terminated = np.zeros(num_envs, bool)

@@ -27,6 +27,9 @@ class ActorEntry:
     num_envs: int
     first_slot: int
     closed: bool = False
+    # Inference batches that waited for this stream's next request until the
+    # batch timeout (the batcher stops awaiting it after each such miss).
+    timed_out_waits: int = 0
 
     @property
     def slots(self) -> np.ndarray:

@@ -5,8 +5,9 @@ no inference: it publishes serialized parameters (fp32 or int8, ActorQ) on
 request and takes finished unrolls into the same queue that the SEED
 server's unroll store fills, in the same layout, so training is unchanged.
 
-Errors end only the offending stream: a bad handshake or batch with
-INVALID_ARGUMENT naming the field, a SEED actor dialling an IMPALA learner
+Errors end only the offending stream, with the statuses of the SEED service
+(`StreamGuard`): a bad handshake or batch with INVALID_ARGUMENT naming the
+field, a batch before the handshake or a SEED actor dialling an IMPALA learner
 with FAILED_PRECONDITION.
 """
 
@@ -21,8 +22,8 @@ import grpc
 import jax
 import numpy as np
 
-from seedq.server.inference import BEHAVIOUR_VERSION
-from seedq.server.service import LearnerService
+from seedq.server.inference import BEHAVIOUR_VERSION, ServerClosing
+from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.unrolls import QueueClosed
 from seedq.v1 import seed_pb2
 from seedq.wire import codec, impala_codec
@@ -76,6 +77,9 @@ class ImpalaLearnerService(LearnerService):
         )
 
     async def PullParams(self, request, context):
+        if isinstance(request, Undecodable):
+            log.warning("refused a parameter pull from %s: %s", context.peer(), request.error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.refusal())
         have = request.have_version
         version, data = await asyncio.get_running_loop().run_in_executor(None, self.publisher.latest)
         chunks = impala_codec.params_chunks(
@@ -88,54 +92,66 @@ class ImpalaLearnerService(LearnerService):
         await self.watched(context, self._push_unrolls)
 
     async def _push_unrolls(self, context, task) -> None:
-        message = await self.read(context, task)
-        if message is grpc.aio.EOF:
-            return
-        try:
-            if message.WhichOneof("kind") != "handshake":
+        guard = StreamGuard(context)
+        async with guard:
+            message = await self.read(context, task)
+            if message is grpc.aio.EOF:
+                return
+            kind = message.WhichOneof("kind")
+            if kind == "unrolls":
+                raise codec.OutOfOrder("handshake", "the first message of a stream must be a handshake")
+            if kind != "handshake":
                 raise codec.ProtocolError("handshake", "the first message of a stream must be a handshake")
             handshake = self.check_handshake(seed_pb2.ActorMessage(handshake=message.handshake))
             # Registered like a SEED actor: counts as connected (--min-actors).
-            entry, _ = self.inference.table.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
-        except (codec.ProtocolError, ValueError) as e:
-            log.warning("refused an unroll stream: %s", e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return
+            entry, _ = self.connect_actor(handshake)
+        guard.who = f"impala actor {entry.actor_id} run {entry.run_id}"
         log.info("impala actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         self.idle.rename(task, f"actor {entry.actor_id}")
         table, queue = self.inference.table, self.inference.queue
         try:
-            await context.write(seed_pb2.UnrollAck(
-                policy_version=self.current_version(), learner_run=self.learner_run,
-                config_json=self.config_json,
-            ))
-            while True:
-                message = await self.read(context, task)
-                if message is grpc.aio.EOF:
-                    return
-                try:
+            async with guard:
+                await context.write(seed_pb2.UnrollAck(
+                    policy_version=self.current_version(), learner_run=self.learner_run,
+                    config_json=self.config_json,
+                ))
+                while True:
+                    message = await self.read(context, task)
+                    if message is grpc.aio.EOF:
+                        return
+                    if message.WhichOneof("kind") == "handshake":
+                        raise codec.OutOfOrder("unrolls", "a second handshake on one stream")
                     unrolls, frames, returns, lengths = impala_codec.decode_unrolls(
-                        message, self.fields, self.length, self.initial_only, entry.num_envs
+                        message, self.fields, self.length, self.initial_only, entry.num_envs,
+                        num_actions=self.inference.spec.num_actions,
                     )
-                    newest = int(unrolls[BEHAVIOUR_VERSION].max())
-                    if newest > self.current_version():
-                        raise codec.ProtocolError(
-                            f"unrolls.fields[{BEHAVIOUR_VERSION}]",
-                            f"version {newest} is newer than the learner's {self.current_version()}",
-                        )
-                except codec.ProtocolError as e:
-                    log.warning("actor %s sent a bad unroll batch: %s", entry.actor_id, e)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                clip = self.inference.reward_clip  # learner-side, as in SEED mode (Atari)
-                if clip > 0:
-                    unrolls["reward"] = np.clip(unrolls["reward"], -clip, clip)
-                try:
-                    if not queue.try_put(unrolls):
-                        # Full: this stream waits (and so does its actor) for training.
-                        await asyncio.get_running_loop().run_in_executor(None, queue.put, unrolls)
-                except QueueClosed:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
-                table.book_episodes(frames, returns, lengths)
-                await context.write(seed_pb2.UnrollAck(policy_version=self.current_version()))
+                    self.check_versions(unrolls[BEHAVIOUR_VERSION])
+                    clip = self.inference.reward_clip  # learner-side, as in SEED mode (Atari)
+                    if clip > 0:
+                        unrolls["reward"] = np.clip(unrolls["reward"], -clip, clip)
+                    try:
+                        if not queue.try_put(unrolls):
+                            # Full: this stream waits (and so does its actor) for training.
+                            await asyncio.get_running_loop().run_in_executor(None, queue.put, unrolls)
+                    except QueueClosed:
+                        raise ServerClosing() from None
+                    table.book_episodes(frames, returns, lengths)
+                    await context.write(seed_pb2.UnrollAck(policy_version=self.current_version()))
         finally:
             table.release(entry)
+
+    def connect_actor(self, handshake):
+        """Registers an IMPALA actor in the env table (no inference slots of its own)."""
+        try:
+            return self.inference.table.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+        except ValueError as e:  # "actor ... run ... is already connected"
+            raise codec.ProtocolError("handshake.run_id", str(e)) from None
+
+    def check_versions(self, versions: np.ndarray) -> None:
+        """Behaviour versions must be ones this learner published: in [0, current]."""
+        where = f"unrolls.fields[{BEHAVIOUR_VERSION}]"
+        newest, current = int(versions.max()), self.current_version()
+        if newest > current:
+            raise codec.ProtocolError(where, f"version {newest} is newer than the learner's {current}")
+        if versions.min() < 0:
+            raise codec.ProtocolError(where, f"version {int(versions.min())} is negative")

@@ -2,11 +2,18 @@
 
 Stream handlers `submit` one decoded StepBatch each and await its actions.
 The batch loop gathers requests across streams until it holds
-`max_batch_size` env steps, every connected stream has a request waiting, or
-`batch_timeout_ms` passed since the first one arrived; then it runs a single
-jitted inference call padded to a fixed bucket size (so steady state never
-recompiles), books the step into every env's unroll, hands finished unrolls
+`max_batch_size` env steps, every stream the previous batch answered has sent
+its next request, or `batch_timeout_ms` passed since the first one arrived;
+then it runs a single jitted inference call padded to a fixed bucket size (so
+steady state never recompiles), books the step into every env's unroll, hands finished unrolls
 to the learner queue (waiting while it is full: backpressure), and answers.
+
+The batcher never waits on a particular stream for longer than one batch
+timeout: a stream that missed a batch's deadline is no longer awaited until
+it sends again, so a stuck actor (connected, silent) costs the others at most
+one timeout, and a slow one at most one per message it sends. A stuck stream
+holds only its own env slots (at most server.max_envs_per_actor) and no
+request: the service reads a stream's next message only after answering it.
 
 All of this runs on the server's asyncio thread; only `publish` is called from
 the training thread (an atomic swap of the (params, version) pair).
@@ -79,6 +86,8 @@ class InferenceStats:
     busy_seconds: float = 0.0
     backpressure_seconds: float = 0.0
     compiles: int = 0
+    # Batches that fired on the batch timeout while a stream it awaited was silent.
+    timed_out_waits: int = 0
     # Seconds per inference batch (batching done to actions ready), a ring.
     latencies: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(4096))
     latency_count: int = 0
@@ -171,6 +180,9 @@ class InferenceServer:
         self._published: tuple[object, int] | None = None
         self._pending: collections.deque[_Request] = collections.deque()
         self._pending_steps = 0
+        # Streams the previous batch answered that have not sent again: the
+        # only ones the next batch waits for (never longer than the timeout).
+        self._awaited: set[ActorEntry] = set()
         self._closing = False
         self._has_work: asyncio.Event | None = None
         self._act = jax.jit(agent.act)
@@ -220,6 +232,7 @@ class InferenceServer:
         entry, superseded = self.table.connect(actor_id, run_id, num_envs)
         if superseded is not None:  # the table already released its slots
             self.store.drop(superseded.slots)
+            self._awaited.discard(superseded)
         self._ensure_capacity(self.table.num_slots)
         self.store.drop(entry.slots)  # a reused block must not inherit steps
         self._inputs = self.agent.actor_inputs(np.arange(self.table.num_slots))
@@ -242,6 +255,7 @@ class InferenceServer:
 
     def release(self, entry: ActorEntry) -> None:
         """Actor gone or restarted: forget its envs and its partial unrolls."""
+        self._awaited.discard(entry)
         slots = self.table.release(entry)
         if slots is not None:
             self.store.drop(slots)
@@ -262,6 +276,7 @@ class InferenceServer:
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(entry, steps, future))
         self._pending_steps += len(steps)
+        self._awaited.discard(entry)
         self._has_work.set()
         return await future
 
@@ -272,24 +287,33 @@ class InferenceServer:
         while True:
             await self._has_work.wait()
             deadline = loop.time() + self.timeout
-            # Wait for more streams while some connected ones have no request queued.
-            while (
-                self._pending_steps < self.max_batch_size
-                and len(self._pending) < self.table.num_connected
-            ):
+            # Wait for the streams the previous batch answered, up to the deadline.
+            while self._pending_steps < self.max_batch_size and self._awaited:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    self._count_timed_out_wait()
                     break
                 self._has_work.clear()
                 try:
                     await asyncio.wait_for(self._has_work.wait(), remaining)
                 except asyncio.TimeoutError:
+                    self._count_timed_out_wait()
                     break
             batch = self._take_batch()
+            # Awaited next time: the streams answered now (none has a request
+            # queued: one request in flight per stream). Silent ones drop out.
+            self._awaited = {request.entry for request in batch}
             if not self._pending:
                 self._has_work.clear()
             if batch:
                 await self._run_batch(batch)
+
+    def _count_timed_out_wait(self) -> None:
+        if not self._awaited:
+            return
+        self.stats.timed_out_waits += 1
+        for entry in self._awaited:
+            entry.timed_out_waits += 1
 
     def _take_batch(self) -> list[_Request]:
         batch, steps = [], 0

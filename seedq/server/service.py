@@ -1,17 +1,23 @@
 """The gRPC side of the learner: one bidirectional stream per actor.
 
-Protocol errors (bad handshake, unknown env index, wrong byte length, spec
-mismatch) end only the offending stream, with INVALID_ARGUMENT and a message
-that names the field; every other stream keeps being served. Credentials,
-the health service and dead-peer detection live in `seedq.channel`.
+Errors end only the offending stream, with a status a client can act on
+(docs/wire.md): protocol errors (bad handshake, unknown env index, wrong byte
+length, non-finite values, spec mismatch) with INVALID_ARGUMENT, messages out
+of order with FAILED_PRECONDITION, both naming the field; a superseded run
+with ABORTED, shutdown with UNAVAILABLE, and anything unexpected with
+INTERNAL after logging its traceback. Every other stream keeps being served;
+no input ends in gRPC's UNKNOWN. Credentials, the health service and
+dead-peer detection live in `seedq.channel`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
@@ -21,7 +27,7 @@ from seedq.wire import codec
 
 log = logging.getLogger("seedq.server")
 
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_MESSAGE_BYTES = codec.MAX_MESSAGE_BYTES
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):
@@ -40,29 +46,6 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         finally:
             self.idle.heard(task)
 
-    @staticmethod
-    async def _abort_superseded(context, entry) -> None:
-        await context.abort(
-            grpc.StatusCode.ABORTED,
-            f"actor {entry.actor_id} run {entry.run_id} was superseded by a newer run",
-        )
-
-    def check_handshake(self, message: seed_pb2.ActorMessage):
-        """The decoded handshake, or ProtocolError naming the field: the actor's
-        spec must match the learner's and its env count fit the limit."""
-        handshake, actor_spec = codec.decode_handshake(message)
-        mismatch = self.inference.spec.describe_mismatch(actor_spec)
-        if mismatch:
-            field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
-            raise codec.ProtocolError("handshake." + field, detail.strip())
-        if handshake.num_envs > self.max_envs_per_actor:
-            raise codec.ProtocolError(
-                "handshake.num_envs",
-                f"{handshake.num_envs} envs exceeds this learner's limit of "
-                f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
-            )
-        return handshake
-
     async def watched(self, context, serve) -> None:
         """Runs `serve(context, task)` under the idle watchdog. However the stream
         ends (the actor stopped, keepalive found its connection dead, the
@@ -75,55 +58,179 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             log.info("%s disconnected: its env slots are freed", self.idle.name(task))
             self.idle.unregister(task)
 
+    def check_handshake(self, message: seed_pb2.ActorMessage):
+        """The decoded handshake, or ProtocolError naming the field: the actor's
+        spec must match the learner's and its env count fit the limit."""
+        handshake, actor_spec = codec.decode_handshake(message)
+        expected = self.inference.spec
+        mismatch = expected.describe_mismatch(actor_spec)
+        if mismatch:
+            field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
+            raise codec.ProtocolError(
+                "handshake." + field, f"{detail.strip()} (learner expects {describe_spec(expected)})"
+            )
+        if handshake.num_envs > self.max_envs_per_actor:
+            raise codec.ProtocolError(
+                "handshake.num_envs",
+                f"{handshake.num_envs} envs exceeds this learner's limit of "
+                f"{self.max_envs_per_actor} per actor (server.max_envs_per_actor)",
+            )
+        return handshake
+
+    def connect(self, handshake):
+        """Registers the stream's actor; the duplicate-run refusal names the field."""
+        try:
+            return self.inference.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+        except ValueError as e:  # "actor ... run ... is already connected"
+            raise codec.ProtocolError("handshake.run_id", str(e)) from None
+
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
         await self.watched(context, self._stream)
 
     async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
-        message = await self.read(context, task)
-        if message is grpc.aio.EOF:
-            return
-        try:
+        guard = StreamGuard(context)
+        async with guard:
+            message = await self.read(context, task)
+            if message is grpc.aio.EOF:
+                return
             handshake = self.check_handshake(message)
-            entry, superseded = self.inference.connect(
-                handshake.actor_id, handshake.run_id, handshake.num_envs
-            )
-        except (codec.ProtocolError, ValueError) as e:
-            log.warning("refused a stream: %s", e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return
+            entry, superseded = self.connect(handshake)
+        guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
         log.info("actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         self.idle.rename(task, f"actor {entry.actor_id}")
         try:
-            await context.write(
-                seed_pb2.LearnerMessage(
-                    ack=seed_pb2.HandshakeAck(
-                        protocol_version=codec.PROTOCOL_VERSION, learner_run=self.learner_run
-                    )
-                )
-            )
-            while True:
-                message = await self.read(context, task)
-                if message is grpc.aio.EOF:
-                    return
-                if entry.closed:
-                    await self._abort_superseded(context, entry)
-                try:
+            async with guard:
+                await context.write(codec.encode_handshake_ack(self.inference.spec, self.learner_run))
+                while True:
+                    message = await self.read(context, task)
+                    if message is grpc.aio.EOF:
+                        return
+                    if entry.closed:
+                        raise RunSuperseded()
                     steps = codec.decode_steps(message, self.inference.spec, entry.num_envs)
-                except codec.ProtocolError as e:
-                    log.warning("actor %s sent a bad message: %s", entry.actor_id, e)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                try:
                     actions, version = await self.inference.submit(entry, steps)
-                except ServerClosing:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
-                except RunSuperseded:
-                    await self._abort_superseded(context, entry)
-                await context.write(codec.encode_actions(actions, self.inference.spec, version))
+                    await context.write(codec.encode_actions(actions, self.inference.spec, version))
         finally:
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
             self.inference.release(entry)
+
+    # The IMPALA RPCs, at a SEED learner (ImpalaLearnerService overrides both):
+    # UNIMPLEMENTED, as gRPC's default would say, but with a hint and without
+    # the default's traceback in the learner log.
+
+    async def PullParams(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, WRONG_ARCHITECTURE)
+        yield  # an async generator, like the real one
+
+    async def PushUnrolls(self, request_iterator, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, WRONG_ARCHITECTURE)
+
+
+WRONG_ARCHITECTURE = "this learner runs architecture=seed: start actors with `seedq actor`"
+
+
+@dataclasses.dataclass(frozen=True)
+class Undecodable:
+    """A unary request whose bytes parse as no message of its type."""
+
+    error: str
+
+    def refusal(self) -> str:
+        return f"message: not a valid protobuf encoding ({self.error})"
+
+
+def _tolerant(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return Undecodable(str(e))
+
+    return deserialize
+
+
+def add_learner_service(service: LearnerService, server: grpc.aio.Server) -> None:
+    """Registers `service` as the generated add_LearnerServicer_to_server does,
+    except that a unary request that does not parse reaches the handler as
+    `Undecodable` (refused with INVALID_ARGUMENT) instead of failing inside
+    gRPC, which would answer UNKNOWN and log a traceback. (Streams read their
+    messages inside the handler, where StreamGuard catches a DecodeError.)"""
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            service.Stream,
+            request_deserializer=seed_pb2.ActorMessage.FromString,
+            response_serializer=seed_pb2.LearnerMessage.SerializeToString,
+        ),
+        "PullParams": grpc.unary_stream_rpc_method_handler(
+            service.PullParams,
+            request_deserializer=_tolerant(seed_pb2.ParamsRequest.FromString),
+            response_serializer=seed_pb2.ParamsChunk.SerializeToString,
+        ),
+        "PushUnrolls": grpc.stream_stream_rpc_method_handler(
+            service.PushUnrolls,
+            request_deserializer=seed_pb2.UnrollMessage.FromString,
+            response_serializer=seed_pb2.UnrollAck.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+SERVICE_NAME = seed_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+
+
+def describe_spec(spec: codec.EnvSpec) -> str:
+    """One line: observation dtype[shape] and the action space."""
+    return f"observation {spec.obs_dtype}{list(spec.obs_shape)}, action_space {spec.action_text()}"
+
+
+class StreamGuard:
+    """`async with guard:` ends the stream with the status its error deserves.
+
+    ProtocolError -> INVALID_ARGUMENT (OutOfOrder -> FAILED_PRECONDITION),
+    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; RunSuperseded -> ABORTED; ServerClosing ->
+    UNAVAILABLE; anything else -> INTERNAL, logged with its traceback first
+    (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
+    """
+
+    def __init__(self, context):
+        self.context = context
+        self.who = f"a new stream from {context.peer()}"
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, error, tb):
+        if error is None or not isinstance(error, Exception):
+            return False  # clean exit, or cancellation (the client went away)
+        if isinstance(error, grpc.aio.AbortError):
+            return False  # already aborted with its status
+        code, details = self.status_of(error)
+        await self.context.abort(code, details)
+
+    def status_of(self, error: Exception) -> tuple[grpc.StatusCode, str]:
+        if isinstance(error, codec.ProtocolError):
+            log.warning("refused %s: %s", self.who, error)
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if isinstance(error, codec.OutOfOrder)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            return code, str(error)
+        if isinstance(error, DecodeError):  # bytes that are no message of the RPC's type
+            log.warning("refused %s: undecodable message: %s", self.who, error)
+            return grpc.StatusCode.INVALID_ARGUMENT, f"message: not a valid protobuf encoding ({error})"
+        if isinstance(error, RunSuperseded):
+            return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
+        if isinstance(error, ServerClosing):
+            return grpc.StatusCode.UNAVAILABLE, "learner is shutting down"
+        log.error("internal error serving %s", self.who, exc_info=error)
+        return (
+            grpc.StatusCode.INTERNAL,
+            f"learner error {type(error).__name__}: {error} (its traceback is in the learner log)",
+        )
 
 
 async def start_server(
@@ -149,7 +256,7 @@ async def start_server(
             ("grpc.so_reuseport", 0),
         ] + channel.server_options(server_config.keepalive_seconds, server_config.peer_timeout_seconds),
     )
-    seed_pb2_grpc.add_LearnerServicer_to_server(service, server)
+    add_learner_service(service, server)
     servers = [server]
     if server_config.health_port:
         # A server of its own, so that the plaintext port can reach nothing but health checks.

@@ -73,12 +73,16 @@ class ActorMessage(_message.Message):
     def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., steps: _Optional[_Union[StepBatch, _Mapping]] = ...) -> None: ...
 
 class HandshakeAck(_message.Message):
-    __slots__ = ("protocol_version", "learner_run")
+    __slots__ = ("protocol_version", "learner_run", "observation", "action_space")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_RUN_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     learner_run: str
-    def __init__(self, protocol_version: _Optional[int] = ..., learner_run: _Optional[str] = ...) -> None: ...
+    observation: TensorSpec
+    action_space: ActionSpace
+    def __init__(self, protocol_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., observation: _Optional[_Union[TensorSpec, _Mapping]] = ..., action_space: _Optional[_Union[ActionSpace, _Mapping]] = ...) -> None: ...
 
 class ActionBatch(_message.Message):
     __slots__ = ("actions", "policy_version")

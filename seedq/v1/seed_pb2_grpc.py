@@ -26,9 +26,7 @@ if _version_not_supported:
 
 
 class LearnerStub:
-    """The learner's service. SEED mode: one bidirectional stream per actor
-    process; each request carries one vector step of that actor's envs and is
-    answered by exactly one ActionBatch, in order.
+    """The learner's service.
     """
 
     def __init__(self, channel):
@@ -55,13 +53,17 @@ class LearnerStub:
 
 
 class LearnerServicer:
-    """The learner's service. SEED mode: one bidirectional stream per actor
-    process; each request carries one vector step of that actor's envs and is
-    answered by exactly one ActionBatch, in order.
+    """The learner's service.
     """
 
     def Stream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """SEED mode: one bidirectional stream per actor process. The first message
+        is a Handshake, answered by one HandshakeAck carrying the learner's
+        expected spec. Every later message is a StepBatch, answered by exactly
+        one ActionBatch, in order. One request in flight per stream: the learner
+        reads a stream's next message only after answering its previous one, so
+        a client sends its next StepBatch after reading the previous answer.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -112,9 +114,7 @@ def add_LearnerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Learner:
-    """The learner's service. SEED mode: one bidirectional stream per actor
-    process; each request carries one vector step of that actor's envs and is
-    answered by exactly one ActionBatch, in order.
+    """The learner's service.
     """
 
     @staticmethod

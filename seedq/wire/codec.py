@@ -3,13 +3,17 @@
 Arrays travel as raw little-endian bytes (one `np.frombuffer` to decode), with
 the observation dtype/shape fixed once per stream by the handshake. Every
 check raises `ProtocolError` naming the offending field, which the server
-turns into gRPC INVALID_ARGUMENT for that stream only.
+turns into gRPC INVALID_ARGUMENT for that stream only (`OutOfOrder`, a message
+of the wrong kind for its place in the stream, into FAILED_PRECONDITION).
+docs/wire.md is the contract these checks implement.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import warnings
 
 import numpy as np
 
@@ -24,12 +28,50 @@ DISCRETE_ACTION_DTYPE = np.dtype("<i4")
 CONTINUOUS_ACTION_DTYPE = np.dtype("<f4")
 
 
+# Observation dtypes the wire carries: booleans, integers and floats of these
+# kinds, little-endian (or single-byte). Strings, bytes, structured, complex,
+# object and datetime dtypes have no meaning to a network; big-endian ones
+# would be misread by np.frombuffer on every learner (all are little-endian).
+OBSERVATION_DTYPE_KINDS = frozenset("biuf")
+# The learner's gRPC message limit (both directions; docs/wire.md). One env's
+# observation must fit in one message.
+MAX_MESSAGE_BYTES = 64 << 20
+MAX_OBSERVATION_BYTES = MAX_MESSAGE_BYTES
+_LITTLE_ENDIAN_HOST = np.dtype("=i4").str == "<i4"
+
+
 class ProtocolError(ValueError):
     """A message that violates the wire contract; `field` names the culprit."""
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class OutOfOrder(ProtocolError):
+    """A well-formed message of the wrong kind for its place in the stream
+    (a step before the handshake, a second handshake): FAILED_PRECONDITION."""
+
+
+def wire_dtype(text: str, field: str) -> np.dtype:
+    """The NumPy dtype a wire dtype string names, or ProtocolError naming `field`.
+
+    Accepted: a NumPy name or array-protocol string of a bool/int/uint/float
+    type ("float32", "uint8", "<f4", "|u1", "f4"), never big-endian (">f4").
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated aliases still parse
+            dtype = np.dtype(text)
+    except Exception:  # NumPy raises TypeError, ValueError or SyntaxError here
+        raise ProtocolError(field, f"unknown dtype {text!r}") from None
+    if dtype.kind not in OBSERVATION_DTYPE_KINDS or dtype.fields or dtype.subdtype:
+        raise ProtocolError(
+            field, f"dtype {text!r} ({dtype}) is not a bool, integer or floating type"
+        )
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE_ENDIAN_HOST):
+        raise ProtocolError(field, f"dtype {text!r} is big-endian; the wire is little-endian")
+    return dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +104,8 @@ class EnvSpec:
         return np.dtype(self.obs_dtype)
 
     def describe_mismatch(self, other: "EnvSpec") -> str | None:
-        """Names the first field where `other` differs from this spec, or None."""
+        """Names the first field where `other` (the actor's) differs from this
+        spec (the learner's), or None; the text gives both sides."""
         if np.dtype(other.obs_dtype) != np.dtype(self.obs_dtype):
             return f"observation.dtype: actor sends {other.obs_dtype}, learner expects {self.obs_dtype}"
         if tuple(other.obs_shape) != tuple(self.obs_shape):
@@ -117,9 +160,8 @@ def spec_from_spaces(observation_space, action_space) -> EnvSpec:
 # --- handshake -------------------------------------------------------------
 
 
-def encode_handshake(
-    spec: EnvSpec, *, actor_id: str, run_id: str, num_envs: int, env_id: str = ""
-) -> seed_pb2.ActorMessage:
+def spec_to_proto(spec: EnvSpec) -> tuple[seed_pb2.TensorSpec, seed_pb2.ActionSpace]:
+    """(observation, action_space) messages describing `spec`."""
     action_space = seed_pb2.ActionSpace()
     if spec.discrete:
         action_space.discrete = spec.num_actions
@@ -127,13 +169,67 @@ def encode_handshake(
         action_space.box.shape.extend(spec.action_shape)
         action_space.box.low.extend(spec.action_low)
         action_space.box.high.extend(spec.action_high)
+    observation = seed_pb2.TensorSpec(dtype=spec.obs_dtype, shape=spec.obs_shape)
+    return observation, action_space
+
+
+def spec_from_proto(
+    observation: seed_pb2.TensorSpec, action_space: seed_pb2.ActionSpace, prefix: str
+) -> EnvSpec:
+    """Validates an (observation, action_space) pair; errors name `prefix`.field."""
+    obs_dtype = wire_dtype(observation.dtype, f"{prefix}.observation.dtype")
+    shape = tuple(int(d) for d in observation.shape)
+    if any(d <= 0 for d in shape):
+        raise ProtocolError(
+            f"{prefix}.observation.shape", f"dimensions must be > 0, got {list(shape)}"
+        )
+    # Python ints: no overflow however large the dimensions.
+    if obs_dtype.itemsize * math.prod(shape) > MAX_OBSERVATION_BYTES:
+        raise ProtocolError(
+            f"{prefix}.observation.shape",
+            f"{list(shape)} x {obs_dtype.name} is over {MAX_OBSERVATION_BYTES} bytes per env",
+        )
+    obs = dict(obs_dtype=obs_dtype.name, obs_shape=shape)
+    kind = action_space.WhichOneof("kind")
+    if kind == "discrete":
+        if action_space.discrete <= 0:
+            raise ProtocolError(f"{prefix}.action_space.discrete", "must be > 0")
+        return EnvSpec(**obs, num_actions=int(action_space.discrete))
+    if kind != "box":
+        raise ProtocolError(f"{prefix}.action_space", "must be discrete or box")
+    box = action_space.box
+    where = f"{prefix}.action_space.box"
+    action_shape = tuple(int(d) for d in box.shape)
+    if any(d <= 0 for d in action_shape) or math.prod(action_shape) > 1 << 20:
+        raise ProtocolError(
+            where + ".shape", f"dimensions must be > 0 (at most 2^20 in all), got {list(action_shape)}"
+        )
+    size = math.prod(action_shape)
+    low, high = np.asarray(box.low, np.float64), np.asarray(box.high, np.float64)
+    for name, bound in (("low", low), ("high", high)):
+        if len(bound) != size:
+            raise ProtocolError(f"{where}.{name}", f"{len(bound)} values for shape {list(action_shape)}")
+        if np.isnan(bound).any():
+            raise ProtocolError(f"{where}.{name}", "must not be NaN")
+    if (low > high).any():
+        raise ProtocolError(f"{where}.low", "must be <= high")
+    return EnvSpec(
+        **obs, action_shape=action_shape,
+        action_low=tuple(float(x) for x in low), action_high=tuple(float(x) for x in high),
+    )
+
+
+def encode_handshake(
+    spec: EnvSpec, *, actor_id: str, run_id: str, num_envs: int, env_id: str = ""
+) -> seed_pb2.ActorMessage:
+    observation, action_space = spec_to_proto(spec)
     return seed_pb2.ActorMessage(
         handshake=seed_pb2.Handshake(
             protocol_version=PROTOCOL_VERSION,
             actor_id=actor_id,
             run_id=run_id,
             num_envs=num_envs,
-            observation=seed_pb2.TensorSpec(dtype=spec.obs_dtype, shape=spec.obs_shape),
+            observation=observation,
             action_space=action_space,
             env_id=env_id,
         )
@@ -142,7 +238,10 @@ def encode_handshake(
 
 def decode_handshake(message: seed_pb2.ActorMessage) -> tuple[seed_pb2.Handshake, EnvSpec]:
     """Validates the first message of a stream and returns it with the actor's spec."""
-    if message.WhichOneof("kind") != "handshake":
+    kind = message.WhichOneof("kind")
+    if kind == "steps":
+        raise OutOfOrder("handshake", "the first message of a stream must be a handshake, got steps")
+    if kind != "handshake":
         raise ProtocolError("handshake", "the first message of a stream must be a handshake")
     hs = message.handshake
     if hs.protocol_version != PROTOCOL_VERSION:
@@ -156,33 +255,28 @@ def decode_handshake(message: seed_pb2.ActorMessage) -> tuple[seed_pb2.Handshake
         raise ProtocolError("handshake.run_id", "must not be empty")
     if hs.num_envs <= 0:
         raise ProtocolError("handshake.num_envs", f"must be > 0, got {hs.num_envs}")
-    try:
-        obs_dtype = np.dtype(hs.observation.dtype).name
-    except TypeError:
-        raise ProtocolError(
-            "handshake.observation.dtype", f"unknown dtype {hs.observation.dtype!r}"
-        ) from None
-    if any(d <= 0 for d in hs.observation.shape):
-        raise ProtocolError(
-            "handshake.observation.shape", f"dimensions must be > 0, got {list(hs.observation.shape)}"
+    return hs, spec_from_proto(hs.observation, hs.action_space, "handshake")
+
+
+def encode_handshake_ack(spec: EnvSpec, learner_run: str) -> seed_pb2.LearnerMessage:
+    """The learner's reply to an accepted handshake: its run and expected spec."""
+    observation, action_space = spec_to_proto(spec)
+    return seed_pb2.LearnerMessage(
+        ack=seed_pb2.HandshakeAck(
+            protocol_version=PROTOCOL_VERSION, learner_run=learner_run,
+            observation=observation, action_space=action_space,
         )
-    kind = hs.action_space.WhichOneof("kind")
-    if kind == "discrete":
-        if hs.action_space.discrete <= 0:
-            raise ProtocolError("handshake.action_space.discrete", "must be > 0")
-        spec = EnvSpec(obs_dtype, tuple(hs.observation.shape), num_actions=hs.action_space.discrete)
-    elif kind == "box":
-        box = hs.action_space.box
-        spec = EnvSpec(
-            obs_dtype,
-            tuple(hs.observation.shape),
-            action_shape=tuple(box.shape),
-            action_low=tuple(box.low),
-            action_high=tuple(box.high),
-        )
-    else:
-        raise ProtocolError("handshake.action_space", "must be discrete or box")
-    return hs, spec
+    )
+
+
+def decode_handshake_ack(message: seed_pb2.LearnerMessage) -> tuple[seed_pb2.HandshakeAck, EnvSpec | None]:
+    """(ack, the learner's expected spec; None from a learner that sends none)."""
+    if message.WhichOneof("kind") != "ack":
+        raise ProtocolError("ack", f"expected a HandshakeAck, got {message.WhichOneof('kind')}")
+    ack = message.ack
+    if not ack.HasField("observation"):
+        return ack, None
+    return ack, spec_from_proto(ack.observation, ack.action_space, "ack")
 
 
 # --- steps -----------------------------------------------------------------
@@ -229,12 +323,28 @@ def _array(field: str, data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
     return np.frombuffer(data, dtype)
 
 
+def _finite(field: str, values: np.ndarray) -> np.ndarray:
+    """Refuses NaN/inf in a floating array: nothing non-finite may reach training."""
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        bad = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
+        raise ProtocolError(field, f"non-finite value (NaN or inf) at entry {int(bad[0])}")
+    return values
+
+
+def _flags(field: str, values: np.ndarray) -> np.ndarray:
+    """uint8 0/1 on the wire -> bool; any other byte is refused."""
+    if (values > 1).any():
+        raise ProtocolError(field, f"flags must be 0 or 1, got {int(values.max())}")
+    return values.view(bool)
+
+
 def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -> Steps:
     """Validates a StepBatch against the stream's handshake and decodes it."""
-    if message.WhichOneof("kind") != "steps":
-        raise ProtocolError(
-            "steps", f"expected a StepBatch after the handshake, got {message.WhichOneof('kind')}"
-        )
+    kind = message.WhichOneof("kind")
+    if kind == "handshake":
+        raise OutOfOrder("steps", "a second handshake on one stream (open a new stream instead)")
+    if kind != "steps":
+        raise ProtocolError("steps", f"expected a StepBatch after the handshake, got {kind}")
     msg = message.steps
     if len(msg.env_indices) % ENV_INDEX_DTYPE.itemsize:
         raise ProtocolError("steps.env_indices", f"{len(msg.env_indices)} bytes is not int32[n]")
@@ -250,9 +360,9 @@ def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -
         )
     if n > 1 and np.bincount(env_indices, minlength=num_envs).max() > 1:
         raise ProtocolError("steps.env_indices", "an env index appears twice in one batch")
-    rewards = _array("steps.rewards", msg.rewards, REWARD_DTYPE, n)
-    terminated = _array("steps.terminated", msg.terminated, FLAG_DTYPE, n)
-    truncated = _array("steps.truncated", msg.truncated, FLAG_DTYPE, n)
+    rewards = _finite("steps.rewards", _array("steps.rewards", msg.rewards, REWARD_DTYPE, n))
+    terminated = _flags("steps.terminated", _array("steps.terminated", msg.terminated, FLAG_DTYPE, n))
+    truncated = _flags("steps.truncated", _array("steps.truncated", msg.truncated, FLAG_DTYPE, n))
     obs_dtype = spec.obs_np_dtype
     if len(msg.observations) != n * spec.obs_nbytes:
         raise ProtocolError(
@@ -261,7 +371,8 @@ def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -
             f"got {len(msg.observations)}",
         )
     observations = np.frombuffer(msg.observations, obs_dtype).reshape((n, *spec.obs_shape))
-    return Steps(env_indices, rewards, terminated.astype(bool), truncated.astype(bool), observations)
+    _finite("steps.observations", observations)
+    return Steps(env_indices, rewards, terminated, truncated, observations)
 
 
 # --- actions ---------------------------------------------------------------

@@ -10,6 +10,7 @@ naming the field (the service answers INVALID_ARGUMENT).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -107,9 +108,12 @@ def decode_unrolls(
     length: int,
     initial_only: frozenset[str],
     max_unrolls: int,
+    num_actions: int = 0,
 ) -> tuple[dict[str, np.ndarray], int, np.ndarray, np.ndarray]:
     """Validates an UnrollBatch against the learner's sequence definition.
 
+    Floating fields must be finite, bool fields 0/1 bytes and, for a discrete
+    action space (`num_actions` > 0), the "action" field in [0, num_actions).
     Returns ({name: [k, length, *shape] or [k, *shape] for `initial_only`},
     frames, episode returns float64 [m], episode lengths int64 [m]).
     """
@@ -132,23 +136,34 @@ def decode_unrolls(
     for f in msg.fields:
         where = f"unrolls.fields[{f.name}]"
         spec = fields[f.name]
-        if f.dtype != np.dtype(spec.dtype).name:
-            raise ProtocolError(where + ".dtype", f"{f.dtype!r}, learner expects {np.dtype(spec.dtype).name!r}")
-        shape = tuple(f.shape)
-        k = shape[0] if shape else 0
-        count = k if count is None else count
+        dtype = np.dtype(spec.dtype)
+        if f.dtype != dtype.name:
+            raise ProtocolError(where + ".dtype", f"{f.dtype!r}, learner expects {dtype.name!r}")
+        shape = tuple(int(d) for d in f.shape)
+        if count is None:
+            count = shape[0] if shape else 0
+            # Checked before any size arithmetic: a bogus count cannot overflow it.
+            if not 0 < count <= max_unrolls:
+                raise ProtocolError(
+                    where + ".shape", f"{count} unrolls in one batch; must be in [1, {max_unrolls}]"
+                )
         step_axes = () if f.name in initial_only else (length,)
         expected = (count, *step_axes, *spec.shape)
         if shape != expected:
             raise ProtocolError(where + ".shape", f"{list(shape)}, learner expects {list(expected)}")
-        dtype = np.dtype(spec.dtype)
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        nbytes = dtype.itemsize * math.prod(shape)
         if len(f.data) != nbytes:
             raise ProtocolError(where + ".data", f"expected {nbytes} bytes, got {len(f.data)}")
-        out[f.name] = np.frombuffer(f.data, dtype).reshape(shape)
-    if not 0 < count <= max_unrolls:
-        raise ProtocolError("unrolls.fields", f"{count} unrolls in one batch; must be in [1, {max_unrolls}]")
+        out[f.name] = _valid_values(where + ".data", np.frombuffer(f.data, dtype).reshape(shape))
+    action = out.get("action")
+    if num_actions > 0 and action is not None and ((action < 0) | (action >= num_actions)).any():
+        bad = action[(action < 0) | (action >= num_actions)].flat[0]
+        raise ProtocolError(
+            "unrolls.fields[action].data", f"action {int(bad)} is outside [0, {num_actions})"
+        )
     returns = _flat("unrolls.episode_returns", msg.episode_returns, EPISODE_RETURN_DTYPE)
+    if not np.isfinite(returns).all():
+        raise ProtocolError("unrolls.episode_returns", "non-finite value (NaN or inf)")
     lengths = _flat("unrolls.episode_lengths", msg.episode_lengths, EPISODE_LENGTH_DTYPE)
     if len(returns) != len(lengths):
         raise ProtocolError(
@@ -160,6 +175,15 @@ def decode_unrolls(
     if msg.frames > count * length:
         raise ProtocolError("unrolls.frames", f"{msg.frames} frames in {count} unrolls of {length} steps")
     return out, int(msg.frames), returns, lengths
+
+
+def _valid_values(field: str, values: np.ndarray) -> np.ndarray:
+    """Floats finite and bools 0/1: nothing else may reach a train step."""
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise ProtocolError(field, "non-finite value (NaN or inf)")
+    if values.dtype == bool and (values.view(np.uint8) > 1).any():
+        raise ProtocolError(field, "bool bytes must be 0 or 1")
+    return values
 
 
 def _flat(field: str, data: bytes, dtype: np.dtype) -> np.ndarray:
