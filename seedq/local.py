@@ -130,7 +130,8 @@ def train(
         resumed = resumed_from = None
         if resume is not None:
             resumed, resumed_from = checkpoint.restore(
-                resume, learner.state, learner.inference.rng, env=config.env
+                resume, learner.state, learner.inference.rng, env=config.env,
+                with_replay=learner.checkpoints_replay,
             )
             learner.restore(resumed)
             if not quiet:

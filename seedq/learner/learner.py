@@ -78,6 +78,10 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
+        # Train-step timing (time.monotonic()), for stalls: the last step and the
+        # longest gap between two consecutive steps of this process.
+        self.last_train_step_at: float | None = None
+        self.max_train_step_gap = 0.0
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters.
         self._state_lock = threading.Lock()
@@ -116,6 +120,29 @@ class Learner:
         self.episodes.restore(counters["episodes"], window.get("returns", []), window.get("lengths", []))
         self.inference.set_rng(jax.device_put(snapshot.rng))
         self.inference.publish(self.agent.inference_params(self.state), self.version)
+        if snapshot.replay is not None and self.checkpoints_replay:
+            from seedq.learner.checkpoint import CheckpointError
+
+            try:
+                self.batches.restore_checkpoint_state(*snapshot.replay)
+            except ValueError as e:
+                raise CheckpointError(
+                    f"cannot restore the checkpoint's replay: {e} "
+                    "(--r2d2.checkpoint-replay false resumes with an empty replay)"
+                ) from None
+            log.info("restored %d replay sequences", self.batches.replay.size)
+
+    @property
+    def checkpoints_replay(self) -> bool:
+        """Whether checkpoints carry this learner's replay (--r2d2.checkpoint-replay)."""
+        return (
+            self.config.agent == "r2d2" and self.config.r2d2.checkpoint_replay
+            and hasattr(self.batches, "checkpoint_state")
+        )
+
+    def replay_checkpoint(self) -> tuple[dict, dict] | None:
+        """(arrays, scalars) of the replay for a checkpoint, or None (not checkpointed)."""
+        return self.batches.checkpoint_state() if self.checkpoints_replay else None
 
     def snapshot(self) -> tuple:
         """(learner state, train_steps, trained_frames, policy version), consistent."""
@@ -219,6 +246,7 @@ class Learner:
                     self.version += 1
                     self.train_steps += 1
                     self.trained_frames += frames_per_batch
+                self._record_step_time(time.monotonic())
                 published = time.perf_counter()
                 params = jax.block_until_ready(self.agent.inference_params(state))
                 self.inference.publish(params, self.version)
@@ -233,6 +261,11 @@ class Learner:
             log.exception("training failed")
             self.error = e
             self._stop.set()
+
+    def _record_step_time(self, now: float) -> None:
+        if self.last_train_step_at is not None:
+            self.max_train_step_gap = max(self.max_train_step_gap, now - self.last_train_step_at)
+        self.last_train_step_at = now
 
     def _drain_loop(self) -> None:
         while self.queue.get(1, timeout=0.2) is not None or not self._stop.is_set():

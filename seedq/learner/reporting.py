@@ -1,4 +1,4 @@
-"""Progress output, TensorBoard scalars, stop conditions, checkpoints and summary.json.
+"""Progress output, TensorBoard scalars, stop conditions, checkpoints, stats.json and summary.json.
 
 The progress display is one line: redrawn in place (rich) when stdout is a
 terminal, printed as plain log lines every `log_every_seconds` otherwise.
@@ -7,6 +7,13 @@ A resumed run continues its counters: elapsed seconds add up over segments,
 TensorBoard steps are env frames (restored from the checkpoint, so curves
 continue; points a killed segment logged after its last checkpoint are purged),
 and stop conditions (`max_seconds`, `max_frames`) apply to the whole run.
+
+`<logdir>/stats.json` is the run's live state for programs that watch it
+(`seedq bench soak`, probes, `watch cat`): counters, train-step timing,
+dropped frames and the connected actors, rewritten atomically every
+`stats_every_seconds`. One small file replaced in place is the cheapest thing
+a watcher can read at any moment (TensorBoard events are flushed every few
+seconds and need a parser).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class RunReporter:
         self._eval_thread: threading.Thread | None = None
         self._eval_policy = None
         self._next_eval_time = time.monotonic() + (config.eval_every_seconds or float("inf"))
+        self._next_stats_time = time.monotonic()
         self._live = None
         if not quiet:
             from rich.console import Console
@@ -126,6 +134,52 @@ class RunReporter:
             if now >= self._next_eval_time:
                 self._next_eval_time = now + self.config.eval_every_seconds
                 self._start_periodic_eval()
+            if self.config.stats_every_seconds and now >= self._next_stats_time:
+                self._next_stats_time = now + self.config.stats_every_seconds
+                self.write_stats()
+
+    # --- stats.json ---
+
+    def stats(self) -> dict:
+        """The live state of this learner process (stats.json)."""
+        learner = self.learner
+        _, train_steps, trained_frames, version = learner.snapshot()
+        episodes, mean_return, _, window_full = learner.episodes.snapshot()
+        last_step = learner.last_train_step_at
+        table = learner.table
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "learner_run": learner.learner_run,
+            "segment": self.segment,
+            "resumed_from": self.resumed_from,
+            "elapsed_seconds": self.elapsed(),
+            "train_steps": int(train_steps),
+            "trained_frames": int(trained_frames),
+            "policy_version": int(version),
+            "frames": int(table.frames),
+            "episodes": int(episodes),
+            "mean_return": mean_return,
+            "return_window_full": window_full,
+            # Train-step timing of this process (None before its first step).
+            "seconds_since_train_step": None if last_step is None else time.monotonic() - last_step,
+            "max_train_step_gap_seconds": learner.max_train_step_gap,
+            # Env steps of partial unrolls dropped with an actor's stream (lost to training).
+            "frames_dropped": int(learner.inference.store.dropped_steps),
+            "actor_runs_started": table.runs_started,
+            "actor_runs_ended": table.runs_dropped,
+            "actors": [
+                {"actor_id": e.actor_id, "run_id": e.run_id, "num_envs": e.num_envs}
+                for e in table.entries()
+            ],
+            "last_checkpoint": self.last_checkpoint,
+        }
+
+    def write_stats(self) -> None:
+        path = os.path.join(self.config.logdir, "stats.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.stats(), f)
+        os.replace(path + ".tmp", path)
 
     # --- checkpoints ---
 
@@ -160,6 +214,7 @@ class RunReporter:
             episode_window={"returns": returns, "lengths": lengths},
             target={"seconds_to_target": self.seconds_to_target, "frames_to_target": self.frames_to_target},
             config=config_lib.to_dict(self.config),
+            replay=learner.replay_checkpoint() if hasattr(learner, "replay_checkpoint") else None,
         )
 
     def checkpoint(self, *, final: bool = False) -> str:
@@ -303,6 +358,8 @@ class RunReporter:
         episodes, mean_return, _, _ = learner.episodes.snapshot()
         ckpt_dir = self.checkpoint(final=True)
         self._checkpoints.close()
+        if self.config.stats_every_seconds:
+            self.write_stats()
         evaluation = None
         if self.config.eval_episodes:
             evaluation = self.evaluate_now().to_dict()
