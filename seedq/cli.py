@@ -355,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
                       help="tcp: 127.0.0.1 loopback; unix: a socket in the work directory")
     soak.add_argument("--seed", type=int, default=0, help="the learner's seed and the chaos loop's choices")
+    soak.add_argument("--learner-args", default="",
+                      help="more `seedq learner` flags, one string (e.g. '--r2d2.checkpoint-replay false')")
     soak.add_argument("--workdir", default="",
                       help="keep the run directory and every process log here (default: a temporary "
                       "directory, removed unless the soak fails)")
@@ -437,13 +439,15 @@ def _bench_inference(args) -> int:
 
 
 def _bench_soak(args) -> int:
+    import shlex
+
     from seedq.bench import soak
 
     config = soak.SoakConfig(
         env=args.env, agent=args.agent, seconds=args.seconds, kill_every=args.kill_every,
         actors=args.actors, envs_per_actor=args.envs_per_actor, kill_learner_at=args.kill_learner_at,
         checkpoint_every_seconds=args.checkpoint_every_seconds, target_return=args.target_return,
-        transport=args.transport, seed=args.seed,
+        transport=args.transport, seed=args.seed, learner_args=tuple(shlex.split(args.learner_args)),
     )
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     try:

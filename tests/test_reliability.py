@@ -167,6 +167,15 @@ def test_replay_that_does_not_fit_the_config_is_refused_in_one_line(tmp_path):
     assert "--r2d2.checkpoint-replay false" in message
 
 
+def test_a_checkpoint_before_the_first_sequence_has_no_replay(tmp_path):
+    config = _r2d2_config(tmp_path / "run")
+    learner = Learner(config, "unix:unused")
+    path = _save(config, learner, 0, final=True)  # the learner's first periodic checkpoint
+    assert not os.path.exists(os.path.join(path, checkpoint.REPLAY_ITEM))
+    snapshot, _ = checkpoint.restore(path, learner.state, learner.inference.rng, with_replay=True)
+    assert snapshot.replay is None
+
+
 def test_checkpoint_replay_false_saves_no_replay(tmp_path):
     config = _r2d2_config(tmp_path / "run", checkpoint_replay=False)
     learner = Learner(config, "unix:unused")

@@ -47,6 +47,7 @@ COUNTERS = ("train_steps", "trained_frames", "policy_version", "frames", "episod
 # A killed actor's stream must be released within this long for its entry not
 # to count as an orphan at the end (the OS closes a dead process's sockets at once).
 SETTLE_SECONDS = 2.0
+RETURN_WINDOW = 100  # the learner's default return_window: "the 100-episode mean"
 
 
 class SoakError(RuntimeError):
@@ -66,6 +67,8 @@ class SoakConfig:
     target_return: float = 475.0
     transport: str = "tcp"  # tcp (127.0.0.1) or unix
     seed: int = 0
+    # More `seedq learner` flags (e.g. ("--r2d2.checkpoint-replay", "false")).
+    learner_args: tuple[str, ...] = ()
     rss_start_seconds: float = 60.0
     startup_timeout: float = 300.0
 
@@ -165,10 +168,12 @@ class Soak:
         self.learner_kills = 0
         self.monotonic = MonotonicCheck()
         self.max_gap_by_pid: dict[int, float] = {}
+        self.gap_at_by_pid: dict[int, float | None] = {}
         self.last_by_pid: dict[int, dict] = {}
         self.rss_start: int | None = None
         self.rss_start_at: float | None = None
         self.reached_target_at: tuple[float, int] | None = None  # (soak seconds, frames)
+        self.reached_after_resume_at: tuple[float, int] | None = None
         self.resume: dict | None = None
 
     # --- processes ---
@@ -186,6 +191,7 @@ class Soak:
             "--target-return", "0", "--max-seconds", "0", "--max-frames", "0",
             "--checkpoint-every-seconds", str(c.checkpoint_every_seconds),
             "--stats-every-seconds", str(STATS_EVERY_SECONDS), "--eval-episodes", "0",
+            *c.learner_args,
         ]
 
     def _start_learner(self, resume: bool = False) -> None:
@@ -242,18 +248,24 @@ class Soak:
         pid = stats["pid"]
         self.last_by_pid[pid] = stats
         self.max_gap_by_pid[pid] = stats["max_train_step_gap_seconds"]
+        self.gap_at_by_pid[pid] = stats["max_train_step_gap_ended_at"]
         self.monotonic.add(stats)
-        target = self.config.target_return
-        window_full = stats["return_window_full"]
-        if self.resume is not None and pid == self.resume["pid"]:
-            # After a resume only a window made entirely of new episodes counts.
-            window_full = window_full and stats["episodes"] - self.resume["checkpoint"]["episodes"] >= 100
-        if (
-            self.t0 is not None and self.reached_target_at is None and target and window_full
-            and stats["mean_return"] is not None and stats["mean_return"] >= target
-        ):
-            self.reached_target_at = (self.soak_seconds(), stats["frames"])
+        if self.t0 is not None and self._at_target(stats):
+            reached = (self.soak_seconds(), stats["frames"])
+            if self.reached_target_at is None:
+                self.reached_target_at = reached
+            if self.resume is not None and self.reached_after_resume_at is None:
+                # After a resume only a window made entirely of new episodes counts.
+                if stats["episodes"] - self.resume["checkpoint"]["episodes"] >= RETURN_WINDOW:
+                    self.reached_after_resume_at = reached
         return stats
+
+    def _at_target(self, stats: dict) -> bool:
+        target = self.config.target_return
+        return bool(
+            target and stats["return_window_full"] and stats["mean_return"] is not None
+            and stats["mean_return"] >= target
+        )
 
     def _rss(self) -> int:
         import psutil
@@ -395,6 +407,7 @@ class Soak:
         out = {
             "env": c.env,
             "agent": c.agent,
+            "learner_args": list(c.learner_args),
             "transport": c.transport,
             "seconds": c.seconds,
             "actors": c.actors,
@@ -404,6 +417,8 @@ class Soak:
             "actor_kills_deferred": self.kills_deferred,
             "learner_kills": self.learner_kills,
             "max_stall_seconds": max(gaps.values(), default=None),
+            # When the longest stall ended, on the learner's run clock (stats.json elapsed_seconds).
+            "max_stall_ended_at_run_seconds": self.gap_at_by_pid.get(max(gaps, key=gaps.get)) if gaps else None,
             "rss_start_bytes": self.rss_start,
             "rss_start_at_seconds": self.rss_start_at,
             "rss_end_bytes": rss_end,
@@ -436,7 +451,13 @@ class Soak:
                 "learner_restart_seconds": None if first is None else first - r["killed_at"],
                 "actors_reconnected_by_themselves": r["actors_reconnected"],
                 # A 100-episode window of post-resume episodes reached the target.
-                "reached_target_after_resume": reached is not None and reached[0] > r["killed_at"],
+                "reached_target_after_resume": self.reached_after_resume_at is not None,
+                "seconds_to_target_after_resume": (
+                    None if self.reached_after_resume_at is None else self.reached_after_resume_at[0]
+                ),
+                "frames_to_target_after_resume": (
+                    None if self.reached_after_resume_at is None else self.reached_after_resume_at[1]
+                ),
             })
         out["uptime_load_average"] = list(os.getloadavg())
         return out

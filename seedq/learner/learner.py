@@ -82,6 +82,7 @@ class Learner:
         # longest gap between two consecutive steps of this process.
         self.last_train_step_at: float | None = None
         self.max_train_step_gap = 0.0
+        self.max_train_step_gap_ended_at: float | None = None  # when that gap ended
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters.
         self._state_lock = threading.Lock()
@@ -141,8 +142,11 @@ class Learner:
         )
 
     def replay_checkpoint(self) -> tuple[dict, dict] | None:
-        """(arrays, scalars) of the replay for a checkpoint, or None (not checkpointed)."""
-        return self.batches.checkpoint_state() if self.checkpoints_replay else None
+        """(arrays, scalars) of the replay for a checkpoint, or None (not checkpointed, or
+        still empty: orbax cannot write empty arrays, and there is nothing to keep)."""
+        if not self.checkpoints_replay or self.batches.replay.size == 0:
+            return None
+        return self.batches.checkpoint_state()
 
     def snapshot(self) -> tuple:
         """(learner state, train_steps, trained_frames, policy version), consistent."""
@@ -263,8 +267,9 @@ class Learner:
             self._stop.set()
 
     def _record_step_time(self, now: float) -> None:
-        if self.last_train_step_at is not None:
-            self.max_train_step_gap = max(self.max_train_step_gap, now - self.last_train_step_at)
+        if self.last_train_step_at is not None and now - self.last_train_step_at > self.max_train_step_gap:
+            self.max_train_step_gap = now - self.last_train_step_at
+            self.max_train_step_gap_ended_at = now
         self.last_train_step_at = now
 
     def _drain_loop(self) -> None:

@@ -146,6 +146,7 @@ class RunReporter:
         _, train_steps, trained_frames, version = learner.snapshot()
         episodes, mean_return, _, window_full = learner.episodes.snapshot()
         last_step = learner.last_train_step_at
+        gap_ended = learner.max_train_step_gap_ended_at
         table = learner.table
         return {
             "time": time.time(),
@@ -164,6 +165,10 @@ class RunReporter:
             # Train-step timing of this process (None before its first step).
             "seconds_since_train_step": None if last_step is None else time.monotonic() - last_step,
             "max_train_step_gap_seconds": learner.max_train_step_gap,
+            # When that longest gap ended, in this run's elapsed seconds (correlate with checkpoints).
+            "max_train_step_gap_ended_at": (
+                None if gap_ended is None else self.elapsed() - (time.monotonic() - gap_ended)
+            ),
             # Env steps of partial unrolls dropped with an actor's stream (lost to training).
             "frames_dropped": int(learner.inference.store.dropped_steps),
             "actor_runs_started": table.runs_started,
