@@ -299,6 +299,11 @@ class Soak:
         killed_at = self.soak_seconds()
         self.learner_kills += 1
         last = self.last_by_pid.get(killed_pid, stats)
+        on_disk = read_stats(self.stats_path)  # its very last write, if newer than our last read
+        if on_disk is not None and on_disk["pid"] == killed_pid and on_disk["time"] > last["time"]:
+            last = on_disk
+            self.last_by_pid[killed_pid] = on_disk
+            self.max_gap_by_pid[killed_pid] = on_disk["max_train_step_gap_seconds"]
         meta, step_dir = checkpoint.read_meta(self.run_dir)
         for actor in self.actors:
             actor.started_before_learner_kill = True

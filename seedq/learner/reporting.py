@@ -77,7 +77,11 @@ class RunReporter:
         self._eval_thread: threading.Thread | None = None
         self._eval_policy = None
         self._next_eval_time = time.monotonic() + (config.eval_every_seconds or float("inf"))
-        self._next_stats_time = time.monotonic()
+        # stats.json has its own thread: it stays current while this one is
+        # busy (a checkpoint being handed to orbax, an evaluation starting).
+        # (Started by `run_until_done`, stopped by `finish`.)
+        self._stats_stop = threading.Event()
+        self._stats_thread: threading.Thread | None = None
         self._live = None
         if not quiet:
             from rich.console import Console
@@ -113,6 +117,9 @@ class RunReporter:
 
     def run_until_done(self, actors) -> str:
         """Polls until a stop condition holds; returns its name."""
+        if self.config.stats_every_seconds and self._stats_thread is None:
+            self._stats_thread = threading.Thread(target=self._stats_loop, name="seedq-stats", daemon=True)
+            self._stats_thread.start()
         next_log = time.monotonic() + self.config.log_every_seconds
         while True:
             time.sleep(0.05)
@@ -134,9 +141,6 @@ class RunReporter:
             if now >= self._next_eval_time:
                 self._next_eval_time = now + self.config.eval_every_seconds
                 self._start_periodic_eval()
-            if self.config.stats_every_seconds and now >= self._next_stats_time:
-                self._next_stats_time = now + self.config.stats_every_seconds
-                self.write_stats()
 
     # --- stats.json ---
 
@@ -179,6 +183,14 @@ class RunReporter:
             ],
             "last_checkpoint": self.last_checkpoint,
         }
+
+    def _stats_loop(self) -> None:
+        while not self._stats_stop.is_set():
+            try:
+                self.write_stats()
+            except OSError as e:  # a full disk must not end training
+                print(f"could not write stats.json: {e}", file=sys.stderr, flush=True)
+            self._stats_stop.wait(self.config.stats_every_seconds)
 
     def write_stats(self) -> None:
         path = os.path.join(self.config.logdir, "stats.json")
@@ -363,7 +375,9 @@ class RunReporter:
         episodes, mean_return, _, _ = learner.episodes.snapshot()
         ckpt_dir = self.checkpoint(final=True)
         self._checkpoints.close()
-        if self.config.stats_every_seconds:
+        if self._stats_thread is not None:
+            self._stats_stop.set()
+            self._stats_thread.join()
             self.write_stats()
         evaluation = None
         if self.config.eval_episodes:
