@@ -11,9 +11,9 @@ and a third in the newest:
     its counters, field specs and RNG state under "replay");
   * `replay` (replay agents, `--r2d2.checkpoint-replay`): the stored
     sequences and their priorities. Only the newest checkpoint keeps it:
-    before each save the replay of every older step is deleted, except the
-    newest complete one, so a crash while the next checkpoint is written
-    still leaves one complete replay on disk.
+    once a checkpoint with a replay is complete, the replay of every older
+    step is deleted (`prune_replays`), so a crash while the next checkpoint
+    is written still leaves one complete replay on disk.
 
 That is everything `seedq train --resume` needs to continue a run and
 `seedq eval` needs to rebuild the policy. orbax writes each step into a
@@ -109,6 +109,7 @@ class CheckpointWriter:
             ),
             item_handlers=_handlers(),
         )
+        self._replay_written = False  # a save with a replay has started; older ones await pruning
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, f"step_{step:09d}")
@@ -128,9 +129,8 @@ class CheckpointWriter:
         step = snapshot.step
         # The previous save is complete after this (orbax would wait here anyway).
         self._manager.wait_until_finished()
+        self.prune_replays()
         exists = step in self._manager.all_steps()
-        if snapshot.replay is not None and not (exists and replace):
-            self._prune_replays(keep=self._manager.latest_step())
         if exists and replace:
             self._manager.delete(step)
         if not exists or replace:
@@ -140,25 +140,33 @@ class CheckpointWriter:
             }
             if snapshot.replay is not None:
                 items[REPLAY_ITEM] = ocp.args.StandardSave(snapshot.replay[0])
+                self._replay_written = True
             self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         if wait:
             self._manager.wait_until_finished()
+            self.prune_replays()
         return self.path(step)
 
-    def _prune_replays(self, keep: int | None) -> None:
-        """Deletes the replay item of every complete step but `keep` (parameters stay)."""
+    def prune_replays(self) -> None:
+        """Once no save is in flight and the newest step holds a replay, deletes
+        the replay item of every older step (their parameters stay). Cheap
+        when there is nothing to do: call it as often as convenient."""
         import shutil
 
+        if not self._replay_written or self._manager.is_saving_in_progress():
+            return
+        self._replay_written = False
+        latest = self._manager.latest_step()
+        if latest is None or not os.path.isdir(os.path.join(self.path(latest), REPLAY_ITEM)):
+            return  # (a final save without a replay keeps the previous one)
         for step in self._manager.all_steps():
             path = os.path.join(self.path(step), REPLAY_ITEM)
-            if step != keep and os.path.isdir(path):
+            if step != latest and os.path.isdir(path):
                 shutil.rmtree(path)
 
     def close(self) -> None:
         self._manager.wait_until_finished()
-        latest = self._manager.latest_step()
-        if latest is not None and os.path.isdir(os.path.join(self.path(latest), REPLAY_ITEM)):
-            self._prune_replays(keep=latest)
+        self.prune_replays()
         self._manager.close()
 
 

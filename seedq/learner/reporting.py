@@ -138,6 +138,8 @@ class RunReporter:
                 self.tick()
             if self._checkpoint_due(now):
                 self.checkpoint()
+            elif self._checkpoints is not None:
+                self._checkpoints.prune_replays()  # the newest replay is complete: drop older ones
             if now >= self._next_eval_time:
                 self._next_eval_time = now + self.config.eval_every_seconds
                 self._start_periodic_eval()
