@@ -50,6 +50,28 @@ def test_soak_with_actor_kills_and_a_learner_kill(tmp_path):
     assert "Traceback" not in "".join(p.read_text() for p in tmp_path.glob("learner-*.log"))
 
 
+def test_monotonic_check_catches_a_counter_going_back_and_a_resume_below_its_checkpoint():
+    from seedq.bench.soak import COUNTERS, MonotonicCheck
+
+    def sample(pid, value, **overrides):
+        return {"pid": pid, **{k: value for k in COUNTERS}, **overrides}
+
+    check = MonotonicCheck()
+    for value in (1, 5, 5, 9):
+        check.add(sample(10, value))
+    check.resumed(sample(None, 5))  # the checkpoint the next process resumed from
+    check.add(sample(11, 5))
+    check.add(sample(11, 7))
+    assert check.ok, check.violations
+    check.add(sample(11, 8, episodes=6))  # episodes went back within one process
+    assert not check.ok and check.violations == ["episodes 7 -> 6 (pid 11)"]
+
+    below = MonotonicCheck()
+    below.resumed(sample(None, 100))
+    below.add(sample(12, 99))  # a resumed learner starting below its checkpoint
+    assert not below.ok and len(below.violations) == len(COUNTERS)
+
+
 # --- R2D2 replay in checkpoints ---
 
 MARKER = 1000.0  # obs of sequence i are MARKER + i: a sampled sequence names its origin
@@ -59,7 +81,7 @@ def _r2d2_config(logdir, **r2d2) -> TrainConfig:
     small = dict(replay_capacity=64, min_replay_size=16, batch_size=8, replay_ratio=4.0)
     return TrainConfig(
         agent="r2d2", env="CartPole-v1", num_actors=1, envs_per_actor=4, logdir=str(logdir),
-        eval_episodes=0, checkpoint_every_seconds=0, r2d2=R2D2Config(**{**small, **r2d2}),
+        eval_episodes=0, checkpoint_every_seconds=0, stats_every_seconds=0, r2d2=R2D2Config(**{**small, **r2d2}),
     )
 
 
