@@ -136,10 +136,14 @@ def train(
             learner.restore(resumed)
             if not quiet:
                 c = resumed.counters
+                replay = (
+                    f", {learner.batches.replay.size:,} replay sequences"
+                    if resumed.replay is not None and learner.checkpoints_replay else ""
+                )
                 print(
                     f"resuming from {resumed_from}: train step {c['train_steps']:,}, "
                     f"{c['frames']:,} frames, {c['episodes']:,} episodes, "
-                    f"{c['elapsed_seconds']:.1f}s so far",
+                    f"{c['elapsed_seconds']:.1f}s so far{replay}",
                     flush=True,
                 )
         # Saved once the config is known to fit (a bad --resume override leaves it alone).

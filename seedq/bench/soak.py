@@ -392,6 +392,8 @@ class Soak:
         r = self.resume
         if r is None or stats["pid"] != r["pid"]:
             return
+        if "replay_size_at_resume" not in r:  # its first write, written as it starts serving
+            r["replay_size_at_resume"] = stats["batch_source"].get("replay/size")
         if r["first_step_at"] is None and stats["seconds_since_train_step"] is not None:
             r["first_step_at"] = now - stats["seconds_since_train_step"]
         if r["actors_reconnected"] is None or len(r["actors_reconnected"]) < self.config.actors:
@@ -443,6 +445,10 @@ class Soak:
             "seconds_to_target": None if reached is None else reached[0],
             "frames_to_target": None if reached is None else reached[1],
             "mean_return_last100_at_end": final["mean_return"],
+            # Diagnostics of the final learner process: its latest train-step gaps over
+            # 0.5 s [seconds, ended at run seconds] and its latest checkpoint times.
+            "long_stalls": final["long_train_step_gaps"],
+            "checkpoints_taken_at": final["checkpoints_taken_at"],
             "counters_monotonic": self.monotonic.ok,
             "counter_violations": self.monotonic.violations[:10],
         }
@@ -455,6 +461,8 @@ class Soak:
                 # Kill to the resumed learner's first train step (its start-up and compile).
                 "learner_restart_seconds": None if first is None else first - r["killed_at"],
                 "actors_reconnected_by_themselves": r["actors_reconnected"],
+                # Replay agents: sequences the resumed learner started with (restored).
+                "replay_size_at_resume": r.get("replay_size_at_resume"),
                 # A 100-episode window of post-resume episodes reached the target.
                 "reached_target_after_resume": self.reached_after_resume_at is not None,
                 "seconds_to_target_after_resume": (

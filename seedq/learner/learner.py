@@ -11,6 +11,7 @@ Threads:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -32,6 +33,9 @@ from seedq.server.service import LearnerService, start_server
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
 log = logging.getLogger("seedq.learner")
+
+# Train-step gaps longer than this are kept (stats.json `long_train_step_gaps`).
+LONG_GAP_SECONDS = 0.5
 
 
 def make_agent(config: TrainConfig, spec):
@@ -83,6 +87,8 @@ class Learner:
         self.last_train_step_at: float | None = None
         self.max_train_step_gap = 0.0
         self.max_train_step_gap_ended_at: float | None = None  # when that gap ended
+        # The latest gaps over LONG_GAP_SECONDS: (seconds, monotonic time it ended).
+        self.long_train_step_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=20)
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters.
         self._state_lock = threading.Lock()
@@ -267,9 +273,12 @@ class Learner:
             self._stop.set()
 
     def _record_step_time(self, now: float) -> None:
-        if self.last_train_step_at is not None and now - self.last_train_step_at > self.max_train_step_gap:
-            self.max_train_step_gap = now - self.last_train_step_at
-            self.max_train_step_gap_ended_at = now
+        if self.last_train_step_at is not None:
+            gap = now - self.last_train_step_at
+            if gap > self.max_train_step_gap:
+                self.max_train_step_gap, self.max_train_step_gap_ended_at = gap, now
+            if gap > LONG_GAP_SECONDS:
+                self.long_train_step_gaps.append((gap, now))
         self.last_train_step_at = now
 
     def _drain_loop(self) -> None:

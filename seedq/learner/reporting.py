@@ -18,6 +18,7 @@ seconds and need a parser).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -81,6 +82,7 @@ class RunReporter:
         # busy (a checkpoint being handed to orbax, an evaluation starting).
         # (Started by `run_until_done`, stopped by `finish`.)
         self._stats_stop = threading.Event()
+        self._checkpoint_times: collections.deque[float] = collections.deque(maxlen=20)
         self._stats_thread: threading.Thread | None = None
         self._live = None
         if not quiet:
@@ -172,9 +174,13 @@ class RunReporter:
             "seconds_since_train_step": None if last_step is None else time.monotonic() - last_step,
             "max_train_step_gap_seconds": learner.max_train_step_gap,
             # When that longest gap ended, in this run's elapsed seconds (correlate with checkpoints).
-            "max_train_step_gap_ended_at": (
-                None if gap_ended is None else self.elapsed() - (time.monotonic() - gap_ended)
-            ),
+            "max_train_step_gap_ended_at": None if gap_ended is None else self._run_seconds(gap_ended),
+            # The latest gaps over 0.5 s: [seconds, ended at (run seconds)], and when the
+            # latest checkpoints were taken (run seconds), to tell what a stall coincided with.
+            "long_train_step_gaps": [
+                [gap, self._run_seconds(ended)] for gap, ended in list(learner.long_train_step_gaps)
+            ],
+            "checkpoints_taken_at": list(self._checkpoint_times),
             # Env steps of partial unrolls dropped with an actor's stream (lost to training).
             "frames_dropped": int(learner.inference.store.dropped_steps),
             "actor_runs_started": table.runs_started,
@@ -184,7 +190,13 @@ class RunReporter:
                 for e in table.entries()
             ],
             "last_checkpoint": self.last_checkpoint,
+            # The batch source's own numbers (R2D2: replay size, inserted, sampled, ...).
+            "batch_source": _source_stats(learner),
         }
+
+    def _run_seconds(self, monotonic_time: float) -> float:
+        """A time.monotonic() of this process on the run's elapsed-seconds clock."""
+        return self.elapsed() - (time.monotonic() - monotonic_time)
 
     def _stats_loop(self) -> None:
         while not self._stats_stop.is_set():
@@ -242,6 +254,7 @@ class RunReporter:
         replaces a periodic one of the same train step (newer counters)."""
         if self._checkpoints is None:
             self._checkpoints = checkpoint.CheckpointWriter(self.config.logdir, self.config.checkpoints_to_keep)
+        self._checkpoint_times.append(self.elapsed())
         snapshot = self.snapshot()
         # Scalars logged so far survive a crash too: a resumed run continues
         # its curves from the checkpoint's frame count.
