@@ -82,7 +82,7 @@ class RunReporter:
         # busy (a checkpoint being handed to orbax, an evaluation starting).
         # (Started by `run_until_done`, stopped by `finish`.)
         self._stats_stop = threading.Event()
-        self._checkpoint_times: collections.deque[float] = collections.deque(maxlen=20)
+        self._checkpoint_times: collections.deque[float] = collections.deque(maxlen=100)
         self._stats_thread: threading.Thread | None = None
         self._live = None
         if not quiet:
