@@ -83,7 +83,11 @@ class Learner:
         self.train_steps = 0
         self.trained_frames = 0
         # Train-step timing (time.monotonic()), for stalls: the last step and the
-        # longest gap between two consecutive steps of this process.
+        # longest gap between two consecutive steps of this process. The clock
+        # starts at the first step after this process booked an env step: a
+        # resumed replay learner's first steps on restored data alone, before
+        # its actors are back, are part of its restart.
+        self._frames_at_start: int | None = None
         self.last_train_step_at: float | None = None
         self.max_train_step_gap = 0.0
         self.max_train_step_gap_ended_at: float | None = None  # when that gap ended
@@ -168,6 +172,7 @@ class Learner:
 
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
+        self._frames_at_start = self.table.frames  # restored counters, if resumed
         server_thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
         server_thread.start()
         self._threads.append(server_thread)
@@ -273,6 +278,8 @@ class Learner:
             self._stop.set()
 
     def _record_step_time(self, now: float) -> None:
+        if self.last_train_step_at is None and self.table.frames == self._frames_at_start:
+            return  # no env step of this process yet (restored replay only)
         if self.last_train_step_at is not None:
             gap = now - self.last_train_step_at
             if gap > self.max_train_step_gap:
