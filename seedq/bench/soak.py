@@ -112,6 +112,11 @@ def _tail(path: str, lines: int = 5) -> str:
         return ""
 
 
+def _actor_id(slot: int, generation: int) -> str:
+    """One id per actor process: its slot, and how many processes held that slot before."""
+    return f"soak-{slot}-{generation}"
+
+
 @dataclasses.dataclass
 class _Actor:
     slot: int
@@ -121,7 +126,7 @@ class _Actor:
 
     @property
     def actor_id(self) -> str:
-        return f"soak-{self.slot}-{self.generation}"
+        return _actor_id(self.slot, self.generation)
 
 
 class MonotonicCheck:
@@ -204,17 +209,17 @@ class Soak:
 
     def _start_actor(self, slot: int, generation: int) -> _Actor:
         c = self.config
-        actor = _Actor(slot, generation, None)  # type: ignore[arg-type]
         with open(os.path.join(self.workdir, f"actor-{slot}.log"), "a") as out:
-            actor.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "seedq.cli", "actor", "--server", self.address,
-                 "--env", c.env, "--num-envs", str(c.envs_per_actor), "--actor-id", actor.actor_id,
+                 "--env", c.env, "--num-envs", str(c.envs_per_actor),
+                 "--actor-id", _actor_id(slot, generation),
                  "--seed", str(c.seed * 1000 + 97 * slot + generation),
                  # Dies with the soak, however the soak ends.
                  "--parent-pid", str(os.getpid())],
                 stdout=out, stderr=subprocess.STDOUT,
             )
-        return actor
+        return _Actor(slot, generation, proc)
 
     def _stop_all(self) -> None:
         procs = [a.proc for a in self.actors] + ([self.learner] if self.learner else [])
