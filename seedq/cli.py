@@ -416,6 +416,42 @@ def build_parser() -> argparse.ArgumentParser:
     stuck.add_argument("--rounds", type=int, default=2, help="alternating rounds of the phases")
     stuck.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     stuck.add_argument("--json", action="store_true", help="print one JSON object")
+    soak = bench_sub.add_parser(
+        "soak",
+        help="train under a stream of faults (actor SIGKILLs, one learner SIGKILL + resume) "
+        "with real learner and actor processes; reports stalls, memory, orphans, lost frames",
+        description="Runs a real `seedq learner` and --actors `seedq actor` processes for --seconds "
+        "(counted from the first train step; no stop at the target) while SIGKILLing a random "
+        "connected actor every --kill-every seconds (a new actor process replaces it) and, with "
+        "--kill-learner-at, the learner once (restarted with --resume; the actors reconnect by "
+        "themselves). Prints actor_kills, max_stall_seconds, rss_growth_fraction, "
+        "orphan_env_entries, frames_dropped, reached_target, counters_monotonic, ... "
+        "(docs/reliability.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    soak.add_argument("--env", default="CartPole-v1")
+    soak.add_argument("--agent", choices=config_lib.AGENTS, default="vtrace")
+    soak.add_argument("--seconds", type=float, default=300.0, help="soak duration after the first train step")
+    soak.add_argument("--kill-every", type=float, default=3.0,
+                      help="SIGKILL a random connected actor every this many seconds (0: never)")
+    soak.add_argument("--actors", type=int, default=2)
+    soak.add_argument("--envs-per-actor", type=int, default=32)
+    soak.add_argument("--kill-learner-at", type=float, default=None,
+                      help="SIGKILL the learner once this many seconds into the soak (once it has a "
+                      "checkpoint) and resume it (default: never)")
+    soak.add_argument("--checkpoint-every-seconds", type=float, default=30.0,
+                      help="the learner's checkpoint interval")
+    soak.add_argument("--target-return", type=float, default=475.0,
+                      help="reached_target: the 100-episode mean reached this at some time")
+    soak.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
+                      help="tcp: 127.0.0.1 loopback; unix: a socket in the work directory")
+    soak.add_argument("--seed", type=int, default=0, help="the learner's seed and the chaos loop's choices")
+    soak.add_argument("--learner-args", default="",
+                      help="more `seedq learner` flags, one string (e.g. '--r2d2.checkpoint-replay false')")
+    soak.add_argument("--workdir", default="",
+                      help="keep the run directory and every process log here (default: a temporary "
+                      "directory, removed unless the soak fails)")
+    soak.add_argument("--json", action="store_true", help="print one JSON object")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -597,6 +633,31 @@ def _bench_inference(args) -> int:
     return 0
 
 
+def _bench_soak(args) -> int:
+    import shlex
+
+    from seedq.bench import soak
+
+    config = soak.SoakConfig(
+        env=args.env, agent=args.agent, seconds=args.seconds, kill_every=args.kill_every,
+        actors=args.actors, envs_per_actor=args.envs_per_actor, kill_learner_at=args.kill_learner_at,
+        checkpoint_every_seconds=args.checkpoint_every_seconds, target_return=args.target_return,
+        transport=args.transport, seed=args.seed, learner_args=tuple(shlex.split(args.learner_args)),
+    )
+    log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = soak.run(config, workdir=args.workdir or None, log=log)
+    except (ValueError, soak.SoakError) as e:
+        print(f"seedq bench soak: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>36}: {value}")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from seedq import evaluate
 
@@ -729,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         if args.bench == "inference":
             return _bench_inference(args)
+        if args.bench == "soak":
+            return _bench_soak(args)
         if args.bench == "stuck":
             from seedq.bench import stuck
 

@@ -268,6 +268,10 @@ class R2D2Config:
     # are not stored in replay (their episodes still count in the returns).
     eval_envs: int = 0
     eval_epsilon: float = 0.001
+    # Save the replay (sequences, priorities, counters) with the newest
+    # checkpoint and restore it on --resume; false: a resumed run refills an
+    # empty replay (and nothing of it is saved).
+    checkpoint_replay: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +301,9 @@ class TrainConfig:
     # who reaches the port can feed training data); refused without it.
     insecure: bool = False
     log_every_seconds: float = 2.0
+    # Rewrite <logdir>/stats.json (counters, train-step timing, connected
+    # actors; atomically) every this many seconds; 0: never.
+    stats_every_seconds: float = 1.0
     # Training starts once this many actors are connected (0: start as they
     # arrive); mostly for `seedq learner` with actors on other machines.
     min_actors: int = 0
@@ -409,6 +416,7 @@ class TrainConfig:
             "checkpoint_every_steps": self.checkpoint_every_steps,
             "eval_episodes": self.eval_episodes,
             "eval_every_seconds": self.eval_every_seconds,
+            "stats_every_seconds": self.stats_every_seconds,
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,

@@ -164,15 +164,20 @@ def train(
         resumed = resumed_from = None
         if resume is not None:
             resumed, resumed_from = checkpoint.restore(
-                resume, learner.state, learner.inference.rng, env=config.env
+                resume, learner.state, learner.inference.rng, env=config.env,
+                with_replay=learner.checkpoints_replay,
             )
             learner.restore(resumed)
             if not quiet:
                 c = resumed.counters
+                replay = (
+                    f", {learner.batches.replay.size:,} replay sequences"
+                    if resumed.replay is not None and learner.checkpoints_replay else ""
+                )
                 print(
                     f"resuming from {resumed_from}: train step {c['train_steps']:,}, "
                     f"{c['frames']:,} frames, {c['episodes']:,} episodes, "
-                    f"{c['elapsed_seconds']:.1f}s so far",
+                    f"{c['elapsed_seconds']:.1f}s so far{replay}",
                     flush=True,
                 )
         # Saved once the config is known to fit (a bad --resume override leaves it alone).

@@ -144,7 +144,8 @@ def test_store_drop_discards_partial_unroll():
     for t in range(T - 1):
         store.append(slots, step_for(slots, t))
     np.testing.assert_array_equal(store.partial_steps(slots), [T - 1] * 3)
-    store.drop(np.array([1]))
+    assert store.drop(np.array([1])) == T - 1  # never-emitted steps: all lost
+    assert store.dropped_steps == T - 1
     np.testing.assert_array_equal(store.partial_steps(slots), [T - 1, 0, T - 1])
     # Slots 0 and 2 complete after 2 more steps; slot 1 starts fresh at t = 100.
     out = None
@@ -166,11 +167,16 @@ def test_store_drop_after_full_unroll_discards_overlap_step():
     for t in range(T + 1):
         store.append(slots, step_for(slots, t))
     assert store.partial_steps(slots)[0] == 1
-    store.drop(slots)
+    # The held step went out as the last step of the emitted unroll: nothing lost.
+    assert store.drop(slots) == 0
     assert store.partial_steps(slots)[0] == 0
+    for t in range(10, 13):
+        store.append(slots, step_for(slots, t))
+    assert store.drop(slots) == 3 and store.dropped_steps == 3  # fresh again: all 3 lost
     for t in range(50, 50 + T):
         assert store.append(slots, step_for(slots, t)) is None
     unrolls = store.append(slots, step_for(slots, 50 + T))
+    assert unrolls is not None
     assert_unroll(unrolls, 0, 0, range(50, 51 + T))
 
 

@@ -1,12 +1,19 @@
 """Checkpoints of a training run with orbax-checkpoint.
 
-Layout: `<logdir>/checkpoints/step_<train steps, 9 digits>/`, two items each:
+Layout: `<logdir>/checkpoints/step_<train steps, 9 digits>/`, two items each
+and a third in the newest:
 
   * `state`: the learner state (parameters, optimiser state, update count)
     as a nested dict of arrays, plus the inference RNG key;
   * `meta`: JSON with the counters (train steps, frames, episodes, policy
     version, elapsed seconds of all segments so far), the recent episode
-    window, the target bookkeeping and the run config.
+    window, the target bookkeeping and the run config (and, with a replay,
+    its counters, field specs and RNG state under "replay");
+  * `replay` (replay agents, `--r2d2.checkpoint-replay`): the stored
+    sequences and their priorities. Only the newest checkpoint keeps it:
+    once a checkpoint with a replay is complete, the replay of every older
+    step is deleted (`prune_replays`), so a crash while the next checkpoint
+    is written still leaves one complete replay on disk.
 
 That is everything `seedq train --resume` needs to continue a run and
 `seedq eval` needs to rebuild the policy. orbax writes each step into a
@@ -27,6 +34,7 @@ import numpy as np
 
 FORMAT_VERSION = 1
 DIRNAME = "checkpoints"
+REPLAY_ITEM = "replay"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -44,19 +52,24 @@ class Snapshot:
     episode_window: dict  # {"returns": [...], "lengths": [...]}: the recent episodes, oldest first
     target: dict  # {"seconds_to_target": float | None, "frames_to_target": int | None}
     config: dict  # the run config (seedq.config.to_dict)
+    # (arrays, scalars) of the learner's replay (`PrioritizedBatches.checkpoint_state`), or None.
+    replay: tuple[dict, dict] | None = None
 
     @property
     def step(self) -> int:
         return int(self.counters["train_steps"])
 
     def meta(self) -> dict:
-        return {
+        meta = {
             "format_version": FORMAT_VERSION,
             "counters": self.counters,
             "episode_window": self.episode_window,
             "target": self.target,
             "config": self.config,
         }
+        if self.replay is not None:
+            meta["replay"] = self.replay[1]
+        return meta
 
 
 def _options(**kwargs):
@@ -68,7 +81,11 @@ def _options(**kwargs):
 def _handlers() -> dict:
     import orbax.checkpoint as ocp
 
-    return {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "meta": ocp.JsonCheckpointHandler(),
+        REPLAY_ITEM: ocp.StandardCheckpointHandler(),
+    }
 
 
 def _state_tree(state, rng) -> dict:
@@ -92,6 +109,7 @@ class CheckpointWriter:
             ),
             item_handlers=_handlers(),
         )
+        self._replay_written = False  # a save with a replay has started; older ones await pruning
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, f"step_{step:09d}")
@@ -109,25 +127,46 @@ class CheckpointWriter:
         import orbax.checkpoint as ocp
 
         step = snapshot.step
+        # The previous save is complete after this (orbax would wait here anyway).
+        self._manager.wait_until_finished()
+        self.prune_replays()
         exists = step in self._manager.all_steps()
         if exists and replace:
-            self._manager.wait_until_finished()
             self._manager.delete(step)
         if not exists or replace:
-            self._manager.save(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(_state_tree(snapshot.state, snapshot.rng)),
-                    meta=ocp.args.JsonSave(snapshot.meta()),
-                ),
-                force=True,
-            )
+            items = {
+                "state": ocp.args.StandardSave(_state_tree(snapshot.state, snapshot.rng)),
+                "meta": ocp.args.JsonSave(snapshot.meta()),
+            }
+            if snapshot.replay is not None:
+                items[REPLAY_ITEM] = ocp.args.StandardSave(snapshot.replay[0])
+                self._replay_written = True
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         if wait:
             self._manager.wait_until_finished()
+            self.prune_replays()
         return self.path(step)
+
+    def prune_replays(self) -> None:
+        """Once no save is in flight and the newest step holds a replay, deletes
+        the replay item of every older step (their parameters stay). Cheap
+        when there is nothing to do: call it as often as convenient."""
+        import shutil
+
+        if not self._replay_written or self._manager.is_saving_in_progress():
+            return
+        self._replay_written = False
+        latest = self._manager.latest_step()
+        if latest is None or not os.path.isdir(os.path.join(self.path(latest), REPLAY_ITEM)):
+            return  # (a final save without a replay keeps the previous one)
+        for step in self._manager.all_steps():
+            path = os.path.join(self.path(step), REPLAY_ITEM)
+            if step != latest and os.path.isdir(path):
+                shutil.rmtree(path)
 
     def close(self) -> None:
         self._manager.wait_until_finished()
+        self.prune_replays()
         self._manager.close()
 
 
@@ -242,13 +281,31 @@ def check_compatible(path: str, like_state, like_rng, *, env: str | None = None)
     return step_dir
 
 
-def restore(path: str, like_state, like_rng, *, env: str | None = None) -> tuple[Snapshot, str]:
+def _restore_replay(reader, step: int, step_dir: str, meta: dict) -> tuple[dict, dict] | None:
+    """The replay saved in this step (arrays as numpy, scalars), or None if it has none."""
+    import orbax.checkpoint as ocp
+
+    scalars = meta.get("replay")
+    if scalars is None or not os.path.isdir(os.path.join(step_dir, REPLAY_ITEM)):
+        return None
+    try:
+        restored = reader.restore(step, args=ocp.args.Composite(**{REPLAY_ITEM: ocp.args.StandardRestore()}))
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{step_dir}: could not restore the replay ({_first_line(e)})") from None
+    arrays = jax.tree.map(np.asarray, restored[REPLAY_ITEM])
+    return arrays, scalars
+
+
+def restore(
+    path: str, like_state, like_rng, *, env: str | None = None, with_replay: bool = False
+) -> tuple[Snapshot, str]:
     """Restores the checkpoint at `path` (run, checkpoints or step directory).
 
     `like_state` / `like_rng` are a freshly initialised learner state and RNG
     key of the current config: the checkpoint must have exactly their
     structure, shapes and dtypes, otherwise CheckpointError says which array
-    differs. Returns (snapshot with host arrays, step directory).
+    differs. `with_replay` also reads the step's replay, if it has one
+    (`Snapshot.replay`). Returns (snapshot with host arrays, step directory).
     """
     import orbax.checkpoint as ocp
     from flax import serialization
@@ -270,5 +327,6 @@ def restore(path: str, like_state, like_rng, *, env: str | None = None) -> tuple
         episode_window=dict(meta.get("episode_window") or {"returns": [], "lengths": []}),
         target=dict(meta.get("target") or {}),
         config=dict(meta.get("config") or {}),
+        replay=_restore_replay(reader, step, step_dir, meta) if with_replay else None,
     )
     return snapshot, step_dir

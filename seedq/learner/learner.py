@@ -11,6 +11,7 @@ Threads:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -32,6 +33,9 @@ from seedq.server.service import LearnerService, start_server
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
 log = logging.getLogger("seedq.learner")
+
+# Train-step gaps longer than this are kept (stats.json `long_train_step_gaps`).
+LONG_GAP_SECONDS = 0.5
 
 
 def make_agent(config: TrainConfig, spec):
@@ -78,6 +82,17 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
+        # Train-step timing (time.monotonic()), for stalls: the last step and the
+        # longest gap between two consecutive steps of this process. The clock
+        # starts at the first step after this process booked an env step: a
+        # resumed replay learner's first steps on restored data alone, before
+        # its actors are back, are part of its restart.
+        self._frames_at_start: int | None = None
+        self.last_train_step_at: float | None = None
+        self.max_train_step_gap = 0.0
+        self.max_train_step_gap_ended_at: float | None = None  # when that gap ended
+        # The latest gaps over LONG_GAP_SECONDS: (seconds, monotonic time it ended).
+        self.long_train_step_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=20)
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters.
         self._state_lock = threading.Lock()
@@ -116,6 +131,32 @@ class Learner:
         self.episodes.restore(counters["episodes"], window.get("returns", []), window.get("lengths", []))
         self.inference.set_rng(jax.device_put(snapshot.rng))
         self.inference.publish(self.agent.inference_params(self.state), self.version)
+        if snapshot.replay is not None and self.checkpoints_replay:
+            from seedq.learner.checkpoint import CheckpointError
+
+            try:
+                self.batches.restore_checkpoint_state(*snapshot.replay)
+            except ValueError as e:
+                raise CheckpointError(
+                    f"cannot restore the checkpoint's replay: {e} "
+                    "(--r2d2.checkpoint-replay false resumes with an empty replay)"
+                ) from None
+            log.info("restored %d replay sequences", self.batches.replay.size)
+
+    @property
+    def checkpoints_replay(self) -> bool:
+        """Whether checkpoints carry this learner's replay (--r2d2.checkpoint-replay)."""
+        return (
+            self.config.agent == "r2d2" and self.config.r2d2.checkpoint_replay
+            and hasattr(self.batches, "checkpoint_state")
+        )
+
+    def replay_checkpoint(self) -> tuple[dict, dict] | None:
+        """(arrays, scalars) of the replay for a checkpoint, or None (not checkpointed, or
+        still empty: orbax cannot write empty arrays, and there is nothing to keep)."""
+        if not self.checkpoints_replay or self.batches.replay.size == 0:
+            return None
+        return self.batches.checkpoint_state()
 
     def snapshot(self) -> tuple:
         """(learner state, train_steps, trained_frames, policy version), consistent."""
@@ -131,6 +172,7 @@ class Learner:
 
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
+        self._frames_at_start = self.table.frames  # restored counters, if resumed
         server_thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
         server_thread.start()
         self._threads.append(server_thread)
@@ -226,6 +268,7 @@ class Learner:
                     self.version += 1
                     self.train_steps += 1
                     self.trained_frames += frames_per_batch
+                self._record_step_time(time.monotonic())
                 published = time.perf_counter()
                 params = jax.block_until_ready(self.agent.inference_params(state))
                 self.inference.publish(params, self.version)
@@ -240,6 +283,17 @@ class Learner:
             log.exception("training failed")
             self.error = e
             self._stop.set()
+
+    def _record_step_time(self, now: float) -> None:
+        if self.last_train_step_at is None and self.table.frames == self._frames_at_start:
+            return  # no env step of this process yet (restored replay only)
+        if self.last_train_step_at is not None:
+            gap = now - self.last_train_step_at
+            if gap > self.max_train_step_gap:
+                self.max_train_step_gap, self.max_train_step_gap_ended_at = gap, now
+            if gap > LONG_GAP_SECONDS:
+                self.long_train_step_gaps.append((gap, now))
+        self.last_train_step_at = now
 
     def _drain_loop(self) -> None:
         while self.queue.get(1, timeout=0.2) is not None or not self._stop.is_set():

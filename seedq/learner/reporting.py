@@ -1,4 +1,4 @@
-"""Progress output, TensorBoard scalars, stop conditions, checkpoints and summary.json.
+"""Progress output, TensorBoard scalars, stop conditions, checkpoints, stats.json and summary.json.
 
 The progress display is one line: redrawn in place (rich) when stdout is a
 terminal, printed as plain log lines every `log_every_seconds` otherwise.
@@ -7,10 +7,18 @@ A resumed run continues its counters: elapsed seconds add up over segments,
 TensorBoard steps are env frames (restored from the checkpoint, so curves
 continue; points a killed segment logged after its last checkpoint are purged),
 and stop conditions (`max_seconds`, `max_frames`) apply to the whole run.
+
+`<logdir>/stats.json` is the run's live state for programs that watch it
+(`seedq bench soak`, probes, `watch cat`): counters, train-step timing,
+dropped frames and the connected actors, rewritten atomically every
+`stats_every_seconds`. One small file replaced in place is the cheapest thing
+a watcher can read at any moment (TensorBoard events are flushed every few
+seconds and need a parser).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -70,6 +78,12 @@ class RunReporter:
         self._eval_thread: threading.Thread | None = None
         self._eval_policy = None
         self._next_eval_time = time.monotonic() + (config.eval_every_seconds or float("inf"))
+        # stats.json has its own thread: it stays current while this one is
+        # busy (a checkpoint being handed to orbax, an evaluation starting).
+        # (Started by `run_until_done`, stopped by `finish`.)
+        self._stats_stop = threading.Event()
+        self._checkpoint_times: collections.deque[float] = collections.deque(maxlen=100)
+        self._stats_thread: threading.Thread | None = None
         self._live = None
         if not quiet:
             from rich.console import Console
@@ -105,6 +119,9 @@ class RunReporter:
 
     def run_until_done(self, actors) -> str:
         """Polls until a stop condition holds; returns its name."""
+        if self.config.stats_every_seconds and self._stats_thread is None:
+            self._stats_thread = threading.Thread(target=self._stats_loop, name="seedq-stats", daemon=True)
+            self._stats_thread.start()
         next_log = time.monotonic() + self.config.log_every_seconds
         while True:
             time.sleep(0.05)
@@ -123,9 +140,77 @@ class RunReporter:
                 self.tick()
             if self._checkpoint_due(now):
                 self.checkpoint()
+            elif self._checkpoints is not None:
+                self._checkpoints.prune_replays()  # the newest replay is complete: drop older ones
             if now >= self._next_eval_time:
                 self._next_eval_time = now + self.config.eval_every_seconds
                 self._start_periodic_eval()
+
+    # --- stats.json ---
+
+    def stats(self) -> dict:
+        """The live state of this learner process (stats.json)."""
+        learner = self.learner
+        _, train_steps, trained_frames, version = learner.snapshot()
+        episodes, mean_return, _, window_full = learner.episodes.snapshot()
+        last_step = learner.last_train_step_at
+        gap_ended = learner.max_train_step_gap_ended_at
+        table = learner.table
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "learner_run": learner.learner_run,
+            "segment": self.segment,
+            "resumed_from": self.resumed_from,
+            "elapsed_seconds": self.elapsed(),
+            "train_steps": int(train_steps),
+            "trained_frames": int(trained_frames),
+            "policy_version": int(version),
+            "frames": int(table.frames),
+            "episodes": int(episodes),
+            "mean_return": mean_return,
+            "return_window_full": window_full,
+            # Train-step timing of this process (None before its first step).
+            "seconds_since_train_step": None if last_step is None else time.monotonic() - last_step,
+            "max_train_step_gap_seconds": learner.max_train_step_gap,
+            # When that longest gap ended, in this run's elapsed seconds (correlate with checkpoints).
+            "max_train_step_gap_ended_at": None if gap_ended is None else self._run_seconds(gap_ended),
+            # The latest gaps over 0.5 s: [seconds, ended at (run seconds)], and when the
+            # latest checkpoints were taken (run seconds), to tell what a stall coincided with.
+            "long_train_step_gaps": [
+                [gap, self._run_seconds(ended)] for gap, ended in list(learner.long_train_step_gaps)
+            ],
+            "checkpoints_taken_at": list(self._checkpoint_times),
+            # Env steps of partial unrolls dropped with an actor's stream (lost to training).
+            "frames_dropped": int(learner.inference.store.dropped_steps),
+            "actor_runs_started": table.runs_started,
+            "actor_runs_ended": table.runs_dropped,
+            "actors": [
+                {"actor_id": e.actor_id, "run_id": e.run_id, "num_envs": e.num_envs}
+                for e in table.entries()
+            ],
+            "last_checkpoint": self.last_checkpoint,
+            # The batch source's own numbers (R2D2: replay size, inserted, sampled, ...).
+            "batch_source": _source_stats(learner),
+        }
+
+    def _run_seconds(self, monotonic_time: float) -> float:
+        """A time.monotonic() of this process on the run's elapsed-seconds clock."""
+        return self.elapsed() - (time.monotonic() - monotonic_time)
+
+    def _stats_loop(self) -> None:
+        while not self._stats_stop.is_set():
+            try:
+                self.write_stats()
+            except OSError as e:  # a full disk must not end training
+                print(f"could not write stats.json: {e}", file=sys.stderr, flush=True)
+            self._stats_stop.wait(self.config.stats_every_seconds)
+
+    def write_stats(self) -> None:
+        path = os.path.join(self.config.logdir, "stats.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.stats(), f)
+        os.replace(path + ".tmp", path)
 
     # --- checkpoints ---
 
@@ -160,6 +245,7 @@ class RunReporter:
             episode_window={"returns": returns, "lengths": lengths},
             target={"seconds_to_target": self.seconds_to_target, "frames_to_target": self.frames_to_target},
             config=config_lib.to_dict(self.config),
+            replay=learner.replay_checkpoint() if hasattr(learner, "replay_checkpoint") else None,
         )
 
     def checkpoint(self, *, final: bool = False) -> str:
@@ -168,6 +254,7 @@ class RunReporter:
         replaces a periodic one of the same train step (newer counters)."""
         if self._checkpoints is None:
             self._checkpoints = checkpoint.CheckpointWriter(self.config.logdir, self.config.checkpoints_to_keep)
+        self._checkpoint_times.append(self.elapsed())
         snapshot = self.snapshot()
         # Scalars logged so far survive a crash too: a resumed run continues
         # its curves from the checkpoint's frame count.
@@ -304,6 +391,10 @@ class RunReporter:
         episodes, mean_return, _, _ = learner.episodes.snapshot()
         ckpt_dir = self.checkpoint(final=True)
         self._checkpoints.close()
+        if self._stats_thread is not None:
+            self._stats_stop.set()
+            self._stats_thread.join()
+            self.write_stats()
         evaluation = None
         if self.config.eval_episodes:
             evaluation = self.evaluate_now().to_dict()

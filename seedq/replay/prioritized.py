@@ -14,12 +14,18 @@ so each is likely to be trained on at least once before its TD error is known.
 sequences from the `UnrollQueue` into replay, samples training batches, and
 writes the new priorities back after each update. All of this runs on the
 training thread; `stats()` is also read by the reporting thread (plain
-numbers, read without locks).
+numbers, read without locks), and so is `checkpoint_state()` (a consistent
+copy, taken under the replay's lock).
+
+Checkpoints (`--r2d2.checkpoint-replay`) hold `checkpoint_state()`: the
+stored sequences, their raw priorities and insertion serials, the counters
+and the sampling RNG's state; the sum tree is rebuilt from the priorities.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from typing import Any
 
@@ -64,6 +70,9 @@ class PrioritizedReplay:
         self.sampled = 0  # sequences ever sampled (a batch of B counts B)
         self.max_priority = 1.0
         self._rng = np.random.default_rng(seed)
+        # Held by every mutation and by `state_dict`, so a checkpoint taken on
+        # another thread never sees half an insert.
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -75,6 +84,10 @@ class PrioritizedReplay:
         Without `priorities` they enter with the largest priority seen so far.
         When the buffer is full the oldest sequences are overwritten.
         """
+        with self._lock:
+            return self._add(sequences, priorities)
+
+    def _add(self, sequences, priorities) -> np.ndarray:
         if sequences.keys() != self._data.keys():
             raise KeyError(f"sequence fields {sorted(sequences)} != replay fields {sorted(self._data)}")
         k = len(next(iter(sequences.values())))
@@ -112,12 +125,13 @@ class PrioritizedReplay:
         """
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay")
-        rows = self._tree.sample(batch_size, self._rng)
-        batch = {name: data[rows] for name, data in self._data.items()}
-        batch["weights"] = self.importance_weights(rows)
-        batch["indices"] = rows.astype(np.int32)
-        self.sampled += batch_size
-        return batch, self._serial[rows].copy()
+        with self._lock:
+            rows = self._tree.sample(batch_size, self._rng)
+            batch = {name: data[rows] for name, data in self._data.items()}
+            batch["weights"] = self.importance_weights(rows)
+            batch["indices"] = rows.astype(np.int32)
+            self.sampled += batch_size
+            return batch, self._serial[rows].copy()
 
     def probabilities(self, rows) -> np.ndarray:
         """Sampling probabilities P(i) of `rows` [k] -> float64 [k]."""
@@ -139,14 +153,84 @@ class PrioritizedReplay:
         priorities = np.maximum(np.asarray(priorities, np.float64), MIN_PRIORITY)
         if not np.all(np.isfinite(priorities)):
             raise ValueError(f"non-finite priorities: {priorities}")
-        if serials is not None:
-            live = self._serial[rows] == np.asarray(serials)
-            rows, priorities = rows[live], priorities[live]
-        if len(rows):
-            self._tree.set(rows, priorities**self.alpha)
-            self._priority[rows] = priorities
-            self.max_priority = max(self.max_priority, float(priorities.max()))
-        return len(rows)
+        with self._lock:
+            if serials is not None:
+                live = self._serial[rows] == np.asarray(serials)
+                rows, priorities = rows[live], priorities[live]
+            if len(rows):
+                self._tree.set(rows, priorities**self.alpha)
+                self._priority[rows] = priorities
+                self.max_priority = max(self.max_priority, float(priorities.max()))
+            return len(rows)
+
+    def field_specs(self) -> dict[str, list]:
+        """name -> [shape, dtype string] of one stored sequence (checkpoint compatibility)."""
+        return {
+            name: [list(spec.shape), np.dtype(spec.dtype).str] for name, spec in self.fields.items()
+        }
+
+    def state_dict(self) -> tuple[dict, dict]:
+        """(arrays, scalars): a consistent copy of everything stored.
+
+        arrays: "data" (one array [size, ...] per field, in `fields` order),
+        "priority" and "serial" [size]; scalars (JSON): the field specs,
+        capacity, counters and the sampling RNG's state. Rows [0, size) are
+        all the rows in use: the ring fills from row 0 and only wraps when full.
+        """
+        with self._lock:
+            n = self.size
+            arrays = {
+                "data": [self._data[name][:n].copy() for name in self.fields],
+                "priority": self._priority[:n].copy(),
+                "serial": self._serial[:n].copy(),
+            }
+            scalars = {
+                "fields": self.field_specs(),
+                "capacity": self.capacity,
+                "size": n,
+                "next": self._next,
+                "inserted": self.inserted,
+                "sampled": self.sampled,
+                "max_priority": self.max_priority,
+                "rng": self._rng.bit_generator.state,
+            }
+        return arrays, scalars
+
+    def describe_mismatch(self, scalars: dict) -> str | None:
+        """Why a saved `state_dict` cannot be loaded into this replay, or None."""
+        if scalars["capacity"] != self.capacity:
+            return f"replay capacity is {scalars['capacity']} in the checkpoint, {self.capacity} in this config"
+        saved, here = scalars["fields"], self.field_specs()
+        for name in sorted(set(saved) | set(here)):
+            if saved.get(name) != here.get(name):
+                return (
+                    f"replay field {name} is {saved.get(name, 'absent')} in the checkpoint, "
+                    f"{here.get(name, 'absent')} in this config"
+                )
+        return None
+
+    def load_state_dict(self, arrays: dict, scalars: dict) -> None:
+        """Continues from a `state_dict` (raises ValueError if it does not fit)."""
+        mismatch = self.describe_mismatch(scalars)
+        if mismatch:
+            raise ValueError(mismatch)
+        n = int(scalars["size"])
+        with self._lock:
+            for name, values in zip(self.fields, arrays["data"]):
+                self._data[name][:n] = values
+            priority = np.asarray(arrays["priority"], np.float64)
+            self._priority[:] = 0.0
+            self._priority[:n] = priority
+            self._serial[:] = -1
+            self._serial[:n] = arrays["serial"]
+            self._tree = SumTree(self.capacity)
+            if n:
+                # The sum tree holds p ** alpha: rebuilt with this config's alpha.
+                self._tree.set(np.arange(n), priority**self.alpha)
+            self.size, self._next = n, int(scalars["next"])
+            self.inserted, self.sampled = int(scalars["inserted"]), int(scalars["sampled"])
+            self.max_priority = float(scalars["max_priority"])
+            self._rng.bit_generator.state = scalars["rng"]
 
     def priority_stats(self) -> tuple[float, float]:
         """(mean, max) of the priorities p_i (before the exponent) of the stored sequences."""
@@ -275,6 +359,28 @@ class PrioritizedBatches:
         done = self.replay.update_priorities(rows, priorities, serials)
         self.priority_updates += done
         self.stale_priority_updates += len(rows) - done
+
+    # --- checkpoints ---
+
+    def checkpoint_state(self) -> tuple[dict, dict]:
+        """(arrays, scalars) for a checkpoint: the replay plus the rate control's marks."""
+        arrays, scalars = self.replay.state_dict()
+        scalars["source"] = {
+            "inserted_at_fill": self._inserted_at_fill,
+            "sampled_at_fill": self._sampled_at_fill,
+            "priority_updates": self.priority_updates,
+            "stale_priority_updates": self.stale_priority_updates,
+        }
+        return arrays, scalars
+
+    def restore_checkpoint_state(self, arrays: dict, scalars: dict) -> None:
+        """Continues from `checkpoint_state()` (before training starts)."""
+        self.replay.load_state_dict(arrays, scalars)
+        source = scalars.get("source", {})
+        self._inserted_at_fill = source.get("inserted_at_fill")
+        self._sampled_at_fill = int(source.get("sampled_at_fill", 0))
+        self.priority_updates = int(source.get("priority_updates", 0))
+        self.stale_priority_updates = int(source.get("stale_priority_updates", 0))
 
     def example_batch(self) -> dict[str, np.ndarray]:
         """A zero batch shaped like the real ones (compiles the update ahead of time)."""

@@ -105,6 +105,11 @@ class EnvTable:
         """Actors with an open stream (released entries leave `_actors`)."""
         return len(self._actors)
 
+    def entries(self) -> list[ActorEntry]:
+        """The open entries (one per connected actor). Other threads may call
+        this: copying the dict's values is one step under the GIL."""
+        return list(self._actors.values())
+
     def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
         """Registers a (re)started actor; returns (entry, the superseded entry or None)."""
         old = self._actors.get(actor_id)

@@ -44,6 +44,10 @@ class UnrollStore:
             for name, spec in self.fields.items()
         }
         self._position = np.zeros(capacity, np.int64)
+        # Whether a slot has finished a sequence since it was last dropped: its
+        # first `overlap` held steps then already went out with that sequence.
+        self._emitted = np.zeros(capacity, bool)
+        self.dropped_steps = 0  # env steps discarded by `drop`, over the store's life
 
     @property
     def capacity(self) -> int:
@@ -60,11 +64,19 @@ class UnrollStore:
             self._buffers[name] = grown
         position = np.zeros(new, np.int64)
         position[: self.capacity] = self._position
-        self._position = position
+        emitted = np.zeros(new, bool)
+        emitted[: self.capacity] = self._emitted
+        self._position, self._emitted = position, emitted
 
-    def drop(self, slots: np.ndarray) -> None:
-        """Discards the partial unrolls of `slots` (actor gone or restarted)."""
+    def drop(self, slots: np.ndarray) -> int:
+        """Discards the partial unrolls of `slots` (actor gone or restarted);
+        returns how many of their env steps no finished sequence carried (lost)."""
+        held = self._position[slots]
+        lost = int(np.maximum(np.where(self._emitted[slots], held - self.overlap, held), 0).sum())
         self._position[slots] = 0
+        self._emitted[slots] = False
+        self.dropped_steps += lost
+        return lost
 
     def partial_steps(self, slots: np.ndarray) -> np.ndarray:
         """Steps currently held for each slot's unroll under construction."""
@@ -96,6 +108,7 @@ class UnrollStore:
             for buf in self._buffers.values():
                 buf[done, : self.overlap] = buf[done, self.length - self.overlap :]
         self._position[done] = self.overlap
+        self._emitted[done] = True
         return unrolls
 
 

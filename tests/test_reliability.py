@@ -1,0 +1,208 @@
+"""Reliability under faults: a short chaos soak of real learner and actor
+processes (`seedq bench soak`), and R2D2's replay carried through a
+checkpoint into the first update of a resumed learner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from seedq.config import R2D2Config, TrainConfig
+from seedq.learner import checkpoint
+from seedq.learner.learner import Learner
+from seedq.learner.reporting import RunReporter
+
+# --- the soak (docs/reliability.md has the 300 s figures) ---
+
+
+def test_soak_with_actor_kills_and_a_learner_kill(tmp_path):
+    """30 s of training while an actor is SIGKILLed every 3 s and the learner
+    once (resumed from its checkpoint). Timing figures are the benchmark's
+    business; here: the faults happened and nothing leaked or went backwards."""
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "bench", "soak", "--seconds", "30", "--kill-every", "3",
+         "--kill-learner-at", "12", "--checkpoint-every-seconds", "3", "--workdir", str(tmp_path),
+         "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    r = json.loads(result.stdout)
+    assert r["actor_kills"] >= 2 and r["learner_kills"] == 1, r
+    assert r["orphan_env_entries"] == 0, r["orphans"]
+    assert r["counters_monotonic"], r["counter_violations"]
+    # The surviving actor processes found the resumed learner by themselves.
+    assert r["actors_reconnected_by_themselves"], r
+    assert r["resumed_from_train_step"] > 0 and r["train_steps"] > r["resumed_from_train_step"]
+    # Killed actors' partial unrolls were dropped and counted; the learner's last
+    # frames before its kill were beyond its checkpoint.
+    assert r["frames_dropped"] > 0 and r["frames_lost_to_learner_restart"] > 0, r
+    # The resumed learner wrote stats.json from its own process, with the actors it serves.
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert stats["segment"] == 2 and stats["resumed_from"] == r["resumed_from"]
+    assert "Traceback" not in "".join(p.read_text() for p in tmp_path.glob("learner-*.log"))
+
+
+def test_monotonic_check_catches_a_counter_going_back_and_a_resume_below_its_checkpoint():
+    from seedq.bench.soak import COUNTERS, MonotonicCheck
+
+    def sample(pid, value, **overrides):
+        return {"pid": pid, **{k: value for k in COUNTERS}, **overrides}
+
+    check = MonotonicCheck()
+    for value in (1, 5, 5, 9):
+        check.add(sample(10, value))
+    check.resumed(sample(None, 5))  # the checkpoint the next process resumed from
+    check.add(sample(11, 5))
+    check.add(sample(11, 7))
+    assert check.ok, check.violations
+    check.add(sample(11, 8, episodes=6))  # episodes went back within one process
+    assert not check.ok and check.violations == ["episodes 7 -> 6 (pid 11)"]
+
+    below = MonotonicCheck()
+    below.resumed(sample(None, 100))
+    below.add(sample(12, 99))  # a resumed learner starting below its checkpoint
+    assert not below.ok and len(below.violations) == len(COUNTERS)
+
+
+# --- R2D2 replay in checkpoints ---
+
+MARKER = 1000.0  # obs of sequence i are MARKER + i: a sampled sequence names its origin
+
+
+def _r2d2_config(logdir, **r2d2) -> TrainConfig:
+    small = dict(replay_capacity=64, min_replay_size=16, batch_size=8, replay_ratio=4.0)
+    return TrainConfig(
+        agent="r2d2", env="CartPole-v1", num_actors=1, envs_per_actor=4, logdir=str(logdir),
+        eval_episodes=0, checkpoint_every_seconds=0, stats_every_seconds=0, r2d2=R2D2Config(**{**small, **r2d2}),
+    )
+
+
+def _marked_sequences(learner: Learner, first: int, count: int) -> dict[str, np.ndarray]:
+    """`count` sequences shaped like the server's, obs filled with MARKER + index."""
+    fields = learner.agent.replay_fields()
+    chunk = {name: np.zeros((count, *f.shape), f.dtype) for name, f in fields.items()}
+    chunk["obs"][:] = (MARKER + first + np.arange(count, dtype=np.float32))[:, None, None]
+    return chunk
+
+
+def _fill(learner: Learner, count: int) -> dict:
+    """Puts `count` marked sequences through the learner's own queue and batch
+    source (insert, one sample, new priorities), as training would."""
+    learner.queue.put(_marked_sequences(learner, 0, count))
+    source = learner.batches
+    batch = source.next_batch(threading.Event())
+    rng = np.random.default_rng(1)
+    source.after_update(batch, {"priorities": rng.uniform(0.1, 5.0, len(batch["indices"]))})
+    return batch
+
+
+def _save(config: TrainConfig, learner: Learner, train_steps: int, *, final: bool) -> str:
+    learner.train_steps = train_steps
+    reporter = RunReporter(config, learner, time.monotonic(), quiet=True)
+    path = reporter.checkpoint(final=final)
+    reporter._checkpoints.close()
+    reporter.writer.close()
+    return path
+
+
+def test_replay_is_saved_with_the_newest_checkpoint_only(tmp_path):
+    config = _r2d2_config(tmp_path / "run")
+    learner = Learner(config, "unix:unused")
+    _fill(learner, 40)
+    old = _save(config, learner, 1, final=False)
+    new = _save(config, learner, 2, final=True)
+    assert not os.path.exists(os.path.join(old, checkpoint.REPLAY_ITEM))
+    assert os.path.isdir(os.path.join(new, checkpoint.REPLAY_ITEM))
+    # The older checkpoint keeps its parameters: it still restores (without a replay).
+    snapshot, step_dir = checkpoint.restore(old, learner.state, learner.inference.rng, with_replay=True)
+    assert step_dir == old and snapshot.replay is None and snapshot.step == 1
+
+
+def test_resumed_r2d2_learner_samples_its_first_update_from_the_restored_replay(tmp_path):
+    config = _r2d2_config(tmp_path / "run")
+    saved = Learner(config, "unix:unused")
+    _fill(saved, 40)
+    _save(config, saved, 5, final=True)
+    saved_arrays, saved_scalars = saved.batches.replay.state_dict()
+    # What the saved learner would sample next (its RNG and sum tree continue).
+    expected = saved.batches.next_batch(threading.Event())
+
+    resumed = Learner(config, f"unix:{tmp_path}/learner.sock")
+    snapshot, _ = checkpoint.restore(
+        str(tmp_path / "run"), resumed.state, resumed.inference.rng, with_replay=True
+    )
+    resumed.restore(snapshot)
+    arrays, scalars = resumed.batches.replay.state_dict()
+    assert scalars == saved_scalars
+    for got, want in zip(arrays["data"], saved_arrays["data"]):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(arrays["priority"], saved_arrays["priority"])
+
+    # The resumed learner trains with no actor connected at all: its first
+    # update can only come from the restored sequences.
+    first_batches = []
+    next_batch = resumed.batches.next_batch
+
+    def recording_next_batch(stop):
+        batch = next_batch(stop)
+        if batch is not None:
+            first_batches.append(batch)
+        return batch
+
+    resumed.batches.next_batch = recording_next_batch
+    resumed.start()
+    try:
+        deadline = time.monotonic() + 120
+        while resumed.train_steps <= 5 and resumed.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        resumed.stop()
+    assert resumed.error is None and resumed.train_steps > 5, resumed.error
+    assert resumed.table.frames == snapshot.counters["frames"]  # no actor ever sent a step
+    first = first_batches[0]
+    np.testing.assert_array_equal(first["indices"], expected["indices"])
+    np.testing.assert_array_equal(first["obs"], expected["obs"])
+    markers = first["obs"][:, 0, 0] - MARKER
+    assert set(markers.astype(int)) <= set(range(40))
+
+
+def test_replay_that_does_not_fit_the_config_is_refused_in_one_line(tmp_path):
+    config = _r2d2_config(tmp_path / "run")
+    learner = Learner(config, "unix:unused")
+    _fill(learner, 20)
+    _save(config, learner, 3, final=True)
+    other = Learner(dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, replay_capacity=128)),
+                    "unix:unused")
+    snapshot, _ = checkpoint.restore(config.logdir, other.state, other.inference.rng, with_replay=True)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        other.restore(snapshot)
+    message = str(err.value)
+    assert "\n" not in message and "replay capacity is 64 in the checkpoint, 128 in this config" in message
+    assert "--r2d2.checkpoint-replay false" in message
+
+
+def test_a_checkpoint_before_the_first_sequence_has_no_replay(tmp_path):
+    config = _r2d2_config(tmp_path / "run")
+    learner = Learner(config, "unix:unused")
+    path = _save(config, learner, 0, final=True)  # the learner's first periodic checkpoint
+    assert not os.path.exists(os.path.join(path, checkpoint.REPLAY_ITEM))
+    snapshot, _ = checkpoint.restore(path, learner.state, learner.inference.rng, with_replay=True)
+    assert snapshot.replay is None
+
+
+def test_checkpoint_replay_false_saves_no_replay(tmp_path):
+    config = _r2d2_config(tmp_path / "run", checkpoint_replay=False)
+    learner = Learner(config, "unix:unused")
+    _fill(learner, 20)
+    path = _save(config, learner, 3, final=True)
+    assert not os.path.exists(os.path.join(path, checkpoint.REPLAY_ITEM))
+    meta, _ = checkpoint.read_meta(path)
+    assert "replay" not in meta
