@@ -354,7 +354,7 @@ def test_protocol_error_is_value_error():
     assert str(e) == "steps.rewards: bad"
 
 
-@pytest.mark.parametrize("dtype", ["S16", "U4", "V16", "f4,", ">f4", ">i8", "c8", "O", "M8", "(2,)f4"])
+@pytest.mark.parametrize("dtype", ["S16", "U4", "V16", "f4,", ">f4", ">i8", "c8", "O", "M8", "(2,)f4", "\x00", "i4 "])
 def test_handshake_dtype_not_carried_by_the_wire(dtype):
     """Unreadable once renamed (S16, U4, V16, f4,) or misread (big-endian): refused."""
     message = handshake()

@@ -53,6 +53,12 @@ class OutOfOrder(ProtocolError):
     (a step before the handshake, a second handshake): FAILED_PRECONDITION."""
 
 
+def _spellings(dtype: np.dtype) -> set[str]:
+    """The names of `dtype` the wire accepts: 'float32', '<f4', 'f4', '=f4' (native
+    order, little-endian hosts only: checked by the caller), and the one-letter code."""
+    return {dtype.name, dtype.str, dtype.str[1:], "=" + dtype.str[1:], dtype.char}
+
+
 def wire_dtype(text: str, field: str) -> np.dtype:
     """The NumPy dtype a wire dtype string names, or ProtocolError naming `field`.
 
@@ -69,6 +75,10 @@ def wire_dtype(text: str, field: str) -> np.dtype:
         raise ProtocolError(
             field, f"dtype {text!r} ({dtype}) is not a bool, integer or floating type"
         )
+    # NumPy also reads odd spellings ("\x00" is bool, padded strings parse):
+    # only the dtype's own names are part of the contract.
+    if text not in _spellings(dtype):
+        raise ProtocolError(field, f"unknown dtype {text!r} (write it as {dtype.name!r} or {dtype.str!r})")
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE_ENDIAN_HOST):
         raise ProtocolError(field, f"dtype {text!r} is big-endian; the wire is little-endian")
     return dtype
