@@ -27,7 +27,22 @@ def _flag(prefix: str, name: str) -> str:
     return "--" + prefix + name.replace("_", "-").rstrip("-")
 
 
+# What an optional field's "none" parses to: None itself means "flag not given".
+NONE_GIVEN = "none"
+
+
 def _parser_for(hint):
+    from seedq.docs import optional_inner
+
+    inner = optional_inner(hint)
+    if inner is not None:
+        parse_inner = _parser_for(inner)
+
+        def parse_optional(text: str):
+            return NONE_GIVEN if text.lower() == "none" else parse_inner(text)
+
+        parse_optional.__name__ = inner.__name__  # argparse names the type in its errors
+        return parse_optional
     if typing.get_origin(hint) is tuple:
         (inner, _) = typing.get_args(hint)
 
@@ -49,6 +64,15 @@ def _parser_for(hint):
 
         return parse_bool
     return hint
+
+
+def _metavar(hint) -> str:
+    from seedq.docs import optional_inner
+
+    inner = optional_inner(hint)
+    if inner is not None:
+        return f"{inner.__name__.upper()}|none"
+    return hint.__name__.upper() if isinstance(hint, type) else "LIST"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,7 +138,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: s
             dest=prefix + field.name,
             type=_parser_for(hint),
             default=None,
-            metavar=hint.__name__.upper() if isinstance(hint, type) else "LIST",
+            metavar=_metavar(hint),
             help=(f"{comment} " if comment else "").replace("%", "%%")
             + f"(default: {format_default(field.default)})",
         )
@@ -135,40 +159,53 @@ def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = ""
             continue
         value = getattr(args, prefix + field.name, None)
         if value is not None:
-            overrides[field.name] = value
+            overrides[field.name] = None if value is NONE_GIVEN else value
     return dataclasses.replace(base, **overrides)
 
 
-def config_flags(config, cls=TrainConfig, prefix: str = "") -> list[str]:
-    """The flags that turn the default config into `config` (inverse of `config_from_args`)."""
+def config_flags(config, base=None, prefix: str = "") -> list[str]:
+    """The flags that turn `base` into `config` (inverse of `config_from_args`).
+
+    `base` defaults to the defaults `seedq train` applies flags to for
+    `config.env` (env_defaults), so the flags reproduce `config` in a fresh
+    `seedq train` process."""
+    if base is None:
+        base = env_defaults(config.env)
     flags = []
-    for field in dataclasses.fields(cls):
+    for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
-            flags += config_flags(value, type(value), prefix + field.name + ".")
-        elif value != field.default:
+            flags += config_flags(value, getattr(base, field.name), prefix + field.name + ".")
+        elif value != getattr(base, field.name):
             if isinstance(value, tuple):
                 text = ",".join(str(v) for v in value)
             elif isinstance(value, bool):
                 text = str(value).lower()
+            elif value is None:
+                text = NONE_GIVEN
             else:
                 text = str(value)
             flags += [_flag(prefix, field.name), text]
     return flags
 
 
-def _default_config(args: argparse.Namespace) -> TrainConfig:
-    """The defaults the flags apply to: they depend on whether the env's actions
-    are Discrete or Box (config.defaults_for). An env id that cannot be built
-    falls back to the plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec
+def env_defaults(env_id: str) -> TrainConfig:
+    """The defaults the flags apply to for `env_id`: they depend on whether the
+    env's actions are Discrete or Box and on its registered reward_threshold
+    (config.defaults_for). An env id that cannot be built falls back to the
+    plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec, reward_threshold
 
-    env = getattr(args, "env", None) or TrainConfig.env
     try:
-        continuous = not env_spec(env).discrete
+        continuous = not env_spec(env_id).discrete
+        target = reward_threshold(env_id)
     except ValueError:
         return TrainConfig()
-    return config_lib.defaults_for(continuous)
+    return config_lib.defaults_for(continuous, target)
+
+
+def _default_config(args: argparse.Namespace) -> TrainConfig:
+    return env_defaults(getattr(args, "env", None) or TrainConfig.env)
 
 
 def _resumed_config(args: argparse.Namespace) -> TrainConfig:

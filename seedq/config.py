@@ -17,12 +17,12 @@ import json
 import os
 import time
 import typing
-from typing import Any
+from typing import Any, Optional
 
 AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
-NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
+NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
 
@@ -111,7 +111,8 @@ class VTraceConfig:
     # so the value loss's share of the clipped gradient norm, moderate on
     # dense-reward tasks (returns are reported unscaled).
     reward_scale: float = 1.0
-    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
+    # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.
     network: str = "auto"
     # Sizes of the MLP torso's layers.
@@ -153,7 +154,8 @@ class R2D2Config:
     max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
     target_update_period: int = 200
-    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
+    # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.
     network: str = "auto"
     # Sizes of the MLP torso's layers (before the LSTM).
@@ -202,8 +204,12 @@ class TrainConfig:
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
-    # Stop conditions: whichever comes first. 0 disables a limit.
-    target_return: float = 475.0
+    # Stop conditions: whichever comes first. The run stops once the mean return
+    # (return_window episodes) reaches target_return; none (null): no target.
+    # The command line's default is the env's registered reward_threshold
+    # (gymnasium: CartPole-v1 475, Acrobot-v1 -100), none where it has none.
+    target_return: Optional[float] = None
+    # 0 disables a limit.
     max_seconds: float = 300.0
     max_frames: int = 0
     # Episodes averaged for `mean_return_last100` and the target check.
@@ -384,12 +390,13 @@ CONTINUOUS_VTRACE = VTraceConfig(
 )
 
 
-def defaults_for(continuous_actions: bool) -> TrainConfig:
-    """The default run config for an env with Discrete or Box actions
-    (command-line flags are applied on top of it)."""
+def defaults_for(continuous_actions: bool, target_return: Optional[float] = None) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions and the
+    env's registered target return (command-line flags are applied on top of it)."""
+    base = TrainConfig(target_return=target_return)
     if continuous_actions:
-        return TrainConfig(vtrace=CONTINUOUS_VTRACE)
-    return TrainConfig()
+        return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
+    return base
 
 
 def to_dict(config: Any) -> dict:

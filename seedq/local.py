@@ -22,7 +22,7 @@ from seedq.cli import config_flags
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
 from seedq.learner import checkpoint
-from seedq.learner.learner import Learner
+from seedq.learner.learner import Learner, make_agent
 from seedq.learner.reporting import RunReporter
 
 log = logging.getLogger("seedq.local")
@@ -49,7 +49,7 @@ def actor_command(
     ]
     # Preprocessing runs in the actor and must match the learner's spec: pass
     # every --atari.* / --dmc.* option that differs from the defaults.
-    cmd += config_flags(config.env_options, config_lib.EnvOptions)
+    cmd += config_flags(config.env_options, config_lib.EnvOptions())
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd
@@ -100,14 +100,13 @@ def train(
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
-    env_spec(config.env, config.env_options)  # a bad env id fails here, before any process starts
+    # A bad env id, an observation or action space the agent cannot take, fail
+    # here (one line), before any process starts.
+    agent = make_agent(config, env_spec(config.env, config.env_options))
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
         import jax
 
-        from seedq.learner.learner import make_agent
-
-        agent = make_agent(config, env_spec(config.env, config.env_options))
         checkpoint.check_compatible(
             resume,
             jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),

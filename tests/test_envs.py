@@ -123,7 +123,7 @@ def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "factory:my_envs:make_corridor", "--max-frames", "3000",
-        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
+        "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
         "--logdir", str(logdir), "--quiet", env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -267,7 +267,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     logdir = tmp_path / agent
     result = seedq(
         "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "2500",
-        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "8",
+        "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "8",
         "--eval-episodes", "1", "--atari.max-episode-frames", "2000",
         "--logdir", str(logdir), "--quiet", *extra, timeout=400,
     )
@@ -285,7 +285,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
 def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     logdir = tmp_path / "dmc"
     result = seedq(
-        "train", "--env", "dmc:cartpole-swingup", "--max-frames", "6000", "--target-return", "0",
+        "train", "--env", "dmc:cartpole-swingup", "--max-frames", "6000", "--target-return", "none",
         "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "1",
         "--logdir", str(logdir), "--quiet", timeout=300,
     )

@@ -392,7 +392,7 @@ def test_seedq_train_r2d2_short_run(tmp_path):
     result = subprocess.run(
         [
             sys.executable, "-m", "seedq.cli", "train", "--agent", "r2d2", "--env", "CartPole-v1",
-            "--max-frames", "12000", "--target-return", "0", "--eval-episodes", "2",
+            "--max-frames", "12000", "--target-return", "none", "--eval-episodes", "2",
             "--num-actors", "1", "--envs-per-actor", "16", "--r2d2.min-replay-size", "32",
             "--r2d2.replay-capacity", "256", "--logdir", str(logdir), "--log-every-seconds", "0.5",
             "--quiet",

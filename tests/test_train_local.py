@@ -27,7 +27,7 @@ def seedq(*args, timeout=300):
 def test_short_run_writes_run_directory(tmp_path):
     logdir = tmp_path / "run"
     result = seedq(
-        "train", "--env", "CartPole-v1", "--max-frames", "20000", "--target-return", "0",
+        "train", "--env", "CartPole-v1", "--max-frames", "20000", "--target-return", "none",
         "--logdir", str(logdir), "--log-every-seconds", "0.5",
     )
     assert result.returncode == 0, result.stdout + result.stderr

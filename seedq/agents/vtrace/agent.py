@@ -27,7 +27,7 @@ from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
 from seedq.agents import normalization
 from seedq.agents.frames import frame_stacker
-from seedq.agents.networks import resolve_network
+from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
 from seedq.config import VTraceConfig
@@ -66,7 +66,7 @@ class VTraceAgent:
         self.config = config
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
-        self.network_name = resolve_network(config.network, pixels=len(self.obs_shape) == 3)
+        self.network_name = choose_network(config.network, self.obs_shape)
         # Running observation statistics live in the parameters as params["obs_stats"]
         # (no gradient; replaced after every update), so they are checkpointed
         # and published with the network.
