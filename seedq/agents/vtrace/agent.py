@@ -25,7 +25,7 @@ import optax
 
 from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
-from seedq.agents import normalization
+from seedq.agents import health, normalization
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
@@ -175,14 +175,16 @@ class VTraceAgent:
     # --- learning ---
 
     def _unroll_network(self, params, batch: dict[str, jax.Array]):
-        """Distribution params {k: [T+1, B, ...]} and values [T+1, B] along batch-major unrolls."""
+        """Distribution params {k: [T+1, B, ...]}, values [T+1, B] along batch-major
+        unrolls, and the MLP torso's hidden activations (a list of [N, H]; empty for CNNs)."""
         params, stats = self._split(params)
         obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
-        dist, values, _ = self.network.apply(
-            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry
+        (dist, values, _), sown = self.network.apply(
+            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry,
+            mutable=["intermediates"],
         )
-        return dist, values
+        return dist, values, jax.tree.leaves(sown.get("intermediates", {}))
 
     def loss(self, params, batch: dict[str, jax.Array]):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...]."""
@@ -190,7 +192,7 @@ class VTraceAgent:
         tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
         tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
         chex.assert_rank(tm["reward"], 2)
-        dist, values = self._unroll_network(params, batch)
+        dist, values, activations = self._unroll_network(params, batch)
 
         actions = tm["action"][:-1]
         rewards = tm["reward"][1:]
@@ -229,8 +231,29 @@ class VTraceAgent:
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy_loss,
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
+            **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
         return total, metrics
+
+    def _health(self, target_dist, values, advantages, activations, valid) -> dict[str, jax.Array]:
+        """Learning-health scalars (seedq.agents.health) of one batch: all [T, B] but
+        the distribution parameters [T, B, ...] and the torso's activations."""
+        entropy, _ = health.masked_mean_std(self.policy.entropy(target_dist), valid)
+        value_mean, value_std = health.masked_mean_std(values, valid)
+        abs_advantage, _ = health.masked_mean_std(jnp.abs(advantages), valid)
+        out = {
+            "policy/entropy": entropy,
+            "value/mean": value_mean,
+            "value/std": value_std,
+            "advantage/abs_mean": abs_advantage,
+        }
+        if "logits" in target_dist:
+            out["policy/logit_spread_across_states"] = health.spread_across_states(
+                target_dist["logits"], valid
+            )
+        if activations:  # tanh MLP torsos
+            out["torso/saturation"] = health.saturation(activations)
+        return out
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch)
