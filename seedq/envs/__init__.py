@@ -92,7 +92,11 @@ def env_kind(env_id: str) -> str:
 
 def _gym_spec(env_id: str):
     try:
-        return gym.spec(env_id)
+        # gym.make imports `module` of a `module:Env-v0` id itself; gym.spec does not.
+        module, sep, name = env_id.partition(":")
+        if sep:
+            importlib.import_module(module)
+        return gym.spec(name if sep else env_id)
     except (gym.error.Error, ModuleNotFoundError) as e:
         raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
 
@@ -117,7 +121,8 @@ def make_env(
         env = _make_atari_single(env_id, options.atari, render_mode)
     else:
         try:
-            env = gym.make(env_id, render_mode=render_mode)
+            # render_mode only when asked for: envs without rendering need not take it.
+            env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
         except gym.error.Error as e:
             raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
     env = flat_observations(env, env_id)
@@ -133,22 +138,32 @@ def flat_observations(env: gym.Env, env_id: str) -> gym.Env:
     space = env.observation_space
     if isinstance(space, gym.spaces.Box):
         return env
-    try:
-        flat = gym.spaces.flatten_space(space)
-    except NotImplementedError:
-        flat = None
-    if not isinstance(flat, gym.spaces.Box):
+    if not _vector_like(space):
         env.close()
         raise ValueError(
             f"{env_id}: observation space {space} is not supported: seedq takes Box, Discrete, "
             "MultiDiscrete, MultiBinary observations and Dict/Tuple of these"
         )
+    flat = gym.spaces.flatten_space(space)
     env = gym.wrappers.FlattenObservation(env)
     return gym.wrappers.TransformObservation(
         env,
         lambda obs: np.asarray(obs, np.float32),
         gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32),
     )
+
+
+def _vector_like(space: gym.spaces.Space) -> bool:
+    """Whether `space` flattens into a fixed vector of numbers that mean something
+    to a network. (gymnasium also flattens Text, into character indices, which
+    no network here reads as text; Graph and Sequence have no fixed size.)"""
+    if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return True
+    if isinstance(space, gym.spaces.Dict):
+        return all(_vector_like(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return all(_vector_like(s) for s in space.spaces)
+    return False
 
 
 def make_vector_env(
