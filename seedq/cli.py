@@ -362,6 +362,27 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--warmup-seconds", type=float, default=3.0)
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
+    suite = bench_sub.add_parser(
+        "suite",
+        help="the defaults trained on a list of envs x seeds (fresh processes, frame budgets, no "
+        "target) and scored against published returns: results.csv, curves.csv, summary.md, plots",
+        description="Trains every env x seed in a fresh `seedq train` process given only the env id, "
+        "its frame budget (the suite's table in seedq/bench/references.py), the seed, no target and "
+        "no time limit; every other config flag given here (e.g. --precision int8, --architecture "
+        "impala) passes through to every run. Measures the random policy's return per env and writes "
+        "OUT/results.csv, OUT/curves.csv, OUT/summary.md (against the references, normalised "
+        "(return - random) / (reference - random)) and one PNG per env. A rerun skips finished runs.",
+        formatter_class=_HelpFormatter,
+    )
+    add_config_flags(suite)
+    suite.add_argument("--envs", type=_csv(str), default=None,
+                       help="comma-separated env ids (default: the suite's table but Pong and LunarLander)")
+    suite.add_argument("--seeds", type=int, default=3, help="runs per env (seeds SEED, SEED+1, ...)")
+    suite.add_argument("--out", required=True, help="output directory")
+    suite.add_argument("--frames-scale", type=float, default=1.0,
+                       help="multiplies every env's frame budget (--max-frames replaces them)")
+    suite.add_argument("--random-episodes", type=int, default=100,
+                       help="episodes of the random policy measured per env")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -473,6 +494,31 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_suite(args: argparse.Namespace) -> int:
+    from seedq.bench import references, suite
+
+    try:
+        if args.env is not None:
+            raise ValueError("--env: the suite takes --envs (a comma-separated list)")
+        if args.frames_scale <= 0 or args.random_episodes <= 0:
+            raise ValueError("--frames-scale and --random-episodes must be > 0")
+
+        def base_for(env_id: str) -> TrainConfig:
+            return config_from_args(args, base=env_defaults(env_id))
+
+        result = suite.run(
+            base_for, list(args.envs or references.DEFAULT_ENVS), args.seeds, args.out,
+            max_frames=args.max_frames or 0, frames_scale=args.frames_scale,
+            random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
+        )
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"seedq bench suite: {e}", file=sys.stderr)
+        return 1
+    print(result["table"])
+    print("plots: " + ", ".join(result["plots"]))
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from seedq.bench import compare
 
@@ -553,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         if args.bench == "inference":
             return _bench_inference(args)
+        if args.bench == "suite":
+            return _bench_suite(args)
         from seedq.bench import throughput
 
         result = throughput.run(
