@@ -103,6 +103,10 @@ class VTraceConfig:
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
     learning_rate: float = 3e-3
+    # > 0: the learning rate falls linearly from learning_rate to 0 over this many
+    # trained env frames (train steps x batch_size x unroll_length), then stays 0;
+    # 0: constant (docs/learning.md).
+    learning_rate_decay_frames: int = 0
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
     # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.
@@ -325,6 +329,7 @@ class TrainConfig:
             "eval_every_seconds": self.eval_every_seconds,
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
+            "vtrace.learning_rate_decay_frames": self.vtrace.learning_rate_decay_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,
             "atari.noop_max": self.atari.noop_max,
         }

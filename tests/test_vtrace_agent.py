@@ -283,3 +283,24 @@ def test_update_merges_the_batch_into_the_published_statistics():
     assert float(stats["count"]) == len(obs)
     np.testing.assert_allclose(np.asarray(stats["mean"]), obs.mean(0), rtol=1e-4, atol=1e-6)
     assert set(agent.inference_params(new)) == {"params", "obs_stats"}
+
+
+def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
+    from seedq.agents.vtrace.agent import learning_rate_schedule
+
+    config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000)  # 16 x 10 per step
+    schedule = learning_rate_schedule(config)
+    assert [float(schedule(s)) for s in (0, 500, 1000, 2000)] == pytest.approx([6e-4, 3e-4, 0.0, 0.0])
+    assert float(learning_rate_schedule(VTraceConfig())(10**6)) == pytest.approx(3e-3)
+    # The optimiser really uses it: 2 steps of horizon move the parameters, the third does not.
+    agent = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=2 * 16 * 10))
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    update = jax.jit(agent.update)
+    for step in range(3):
+        before = state.params
+        state, metrics = update(state, batch)
+        moved = any(not np.allclose(x, y, atol=1e-8)
+                    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
+        assert moved == (step < 2), step
+        assert float(metrics["learning_rate"]) == pytest.approx([6e-4, 3e-4, 0.0][step], abs=1e-10)

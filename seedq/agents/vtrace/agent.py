@@ -40,6 +40,16 @@ class LearnerState(NamedTuple):
     step: jax.Array
 
 
+def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
+    """Learning rate by train step: constant, or linear to 0 over
+    `learning_rate_decay_frames` trained frames (batch_size x unroll_length per step)."""
+    if not config.learning_rate_decay_frames:
+        return optax.constant_schedule(config.learning_rate)
+    frames_per_step = config.batch_size * config.unroll_length
+    steps = max(config.learning_rate_decay_frames // frames_per_step, 1)
+    return optax.linear_schedule(config.learning_rate, 0.0, steps)
+
+
 class VTraceAgent:
     """Plugs V-trace into the learner through `seedq.agents.base.Agent`.
 
@@ -85,9 +95,13 @@ class VTraceAgent:
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )
+        self.learning_rate = learning_rate_schedule(config)
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adam(config.learning_rate, eps=config.adam_eps),
+            # A constant rate stays a float: its optimiser state (and so every
+            # checkpoint's layout) is the one runs had before schedules existed.
+            optax.adam(self.learning_rate if config.learning_rate_decay_frames else config.learning_rate,
+                       eps=config.adam_eps),
         )
         # Inference precision (training stays fp32): which layers the server
         # runs in int8, and the jitted fp32 -> published conversion.
@@ -264,4 +278,5 @@ class VTraceAgent:
             stats = normalization.update_stats(self._split(state.params)[1], obs)
             params = {**params, "obs_stats": stats._asdict()}
         metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["learning_rate"] = self.learning_rate(state.step)
         return LearnerState(params, opt_state, state.step + 1), metrics
