@@ -309,6 +309,18 @@ def test_lstm_resets_on_first():
     assert not np.allclose(q[:6], agent.network.apply(params, obs[:6], first[:6], zeros)[0])
 
 
+def test_small_images_get_the_small_cnn_and_run():
+    """MinAtar's 10x10xC boolean frames (the Nature CNN does not fit them)."""
+    spec = codec.EnvSpec("bool", (10, 10, 4), num_actions=3)
+    agent = R2D2Agent(spec, CFG, num_envs=8)
+    assert agent.network.torso == "small_cnn"
+    params = agent.init(jax.random.PRNGKey(2)).params
+    obs = _rng(3).random((5, 2, 10, 10, 4)) < 0.1
+    zeros = (np.zeros((2, 8), np.float32),) * 2
+    q, _ = agent.network.apply(params, obs, np.zeros((5, 2), bool), zeros)
+    assert q.shape == (5, 2, 3) and np.all(np.isfinite(q))
+
+
 # --- acting ----------------------------------------------------------------------
 
 

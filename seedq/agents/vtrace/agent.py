@@ -190,7 +190,8 @@ class VTraceAgent:
 
     def _unroll_network(self, params, batch: dict[str, jax.Array]):
         """Distribution params {k: [T+1, B, ...]}, values [T+1, B] along batch-major
-        unrolls, and the MLP torso's hidden activations (a list of [N, H]; empty for CNNs)."""
+        unrolls, and the MLP torsos' hidden activations {torso: ([N, H] per layer)}, the
+        policy's torso first (empty for CNNs)."""
         params, stats = self._split(params)
         obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
@@ -198,7 +199,8 @@ class VTraceAgent:
             params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry,
             mutable=["intermediates"],
         )
-        return dist, values, jax.tree.leaves(sown.get("intermediates", {}))
+        torsos = sown.get("intermediates", {})
+        return dist, values, {name: sown_layers["activations"] for name, sown_layers in torsos.items()}
 
     def loss(self, params, batch: dict[str, jax.Array]):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...]."""
@@ -265,8 +267,13 @@ class VTraceAgent:
             out["policy/logit_spread_across_states"] = health.spread_across_states(
                 target_dist["logits"], valid
             )
-        if activations:  # tanh MLP torsos
-            out["torso/saturation"] = health.saturation(activations)
+        # tanh MLP torsos, per layer; "torso/saturation": the last layer of the
+        # policy's torso, the features the heads read.
+        for torso, layers in activations.items():
+            for i, layer in enumerate(layers):
+                out[f"torso/saturation/{torso}/{i}"] = health.saturation([layer])
+        if activations:
+            out["torso/saturation"] = health.saturation([next(iter(activations.values()))[-1]])
         return out
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
