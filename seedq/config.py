@@ -115,6 +115,11 @@ class VTraceConfig:
     # so the value loss's share of the clipped gradient norm, moderate on
     # dense-reward tasks (returns are reported unscaled).
     reward_scale: float = 1.0
+    # Divide the training rewards (after reward_clip and reward_scale) by the
+    # running root mean square of the discounted return (the V-trace targets,
+    # in reward units), so value targets stay near unit scale on any env
+    # (docs/learning.md); the statistics live in the parameters ("return_stats").
+    normalize_returns: bool = False
     # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
     # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.

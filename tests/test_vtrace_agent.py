@@ -304,3 +304,46 @@ def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
                     for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
         assert moved == (step < 2), step
         assert float(metrics["learning_rate"]) == pytest.approx([6e-4, 3e-4, 0.0][step], abs=1e-10)
+
+
+def test_masked_batch_statistics_merge_like_numpy():
+    from seedq.agents import normalization
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=(40, 1)).astype(np.float32)
+    weight = (rng.random(40) < 0.6).astype(np.float32)
+    stats = normalization.init_stats(1)
+    for part in (slice(0, 15), slice(15, 40)):
+        stats = normalization.merge(stats, normalization.batch_stats(jnp.asarray(x[part]), jnp.asarray(weight[part])))
+    kept = x[weight == 1, 0]
+    assert float(stats.count) == len(kept)
+    np.testing.assert_allclose(float(stats.mean[0]), kept.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(stats.m2[0]) / len(kept), kept.var(), rtol=1e-4)
+    np.testing.assert_allclose(float(normalization.root_mean_square(stats)[0]),
+                               np.sqrt(np.mean(kept ** 2)), rtol=1e-4)
+
+
+def test_return_normalisation_makes_the_loss_independent_of_the_reward_scale():
+    """Rewards x100 with return statistics x100 give the same loss, up to the value
+    head's bias (zero at init): what the network learns no longer depends on the scale."""
+    config = VTraceConfig(normalize_returns=True)
+    agent = VTraceAgent(CARTPOLE, config)
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    seen = {"count": np.float32(1000.0), "mean": np.array([20.0], np.float32), "m2": np.array([1000.0 * 25.0], np.float32)}
+
+    def loss_with(scale):
+        params = {**state.params, "return_stats": {"count": seen["count"], "mean": seen["mean"] * scale,
+                                                   "m2": seen["m2"] * scale ** 2}}
+        loss, metrics = jax.jit(agent.loss)(params, {**batch, "reward": batch["reward"] * scale})
+        return float(loss), float(metrics["return/rms"])
+
+    (loss_1, rms_1), (loss_100, rms_100) = loss_with(1.0), loss_with(100.0)
+    assert rms_100 == pytest.approx(100 * rms_1, rel=1e-5)
+    assert loss_100 == pytest.approx(loss_1, rel=1e-4)
+    # And the update merges this batch's returns into the statistics.
+    new_state, metrics = jax.jit(agent.update)(state, batch)
+    assert "_return_batch" not in metrics
+    valid_steps = 10 * 4  # no episode ends in _record's batch
+    assert float(new_state.params["return_stats"]["count"]) == valid_steps
+    assert float(metrics["return/rms"]) == 1.0  # nothing seen before this update

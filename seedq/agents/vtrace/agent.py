@@ -40,6 +40,13 @@ class LearnerState(NamedTuple):
     step: jax.Array
 
 
+# Parameter entries that are statistics, not network variables (no gradient;
+# replaced after every update).
+STATISTICS = ("obs_stats", "return_stats")
+# The loss's batch statistics of the discounted return (not a logged metric).
+RETURN_BATCH = "_return_batch"
+
+
 def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
     """Learning rate by train step: constant, or linear to 0 over
     `learning_rate_decay_frames` trained frames (batch_size x unroll_length per step)."""
@@ -111,9 +118,9 @@ class VTraceAgent:
 
     def _split(self, params):
         """(network variables, observation statistics or None)."""
+        net = {k: v for k, v in params.items() if k not in STATISTICS}
         if not self.normalize:
-            return params, None
-        net = {k: v for k, v in params.items() if k != "obs_stats"}
+            return net, None
         return net, normalization.RunningStats(**params["obs_stats"])
 
     def _normalized(self, stats, obs):
@@ -155,6 +162,8 @@ class VTraceAgent:
         if self.normalize:
             dim = int(np.prod(self.spec.obs_shape))
             params = {**params, "obs_stats": normalization.init_stats(dim)._asdict()}
+        if self.config.normalize_returns:
+            params = {**params, "return_stats": normalization.init_stats(1)._asdict()}
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
@@ -215,6 +224,11 @@ class VTraceAgent:
         if cfg.reward_clip > 0:
             rewards = jnp.clip(rewards, -cfg.reward_clip, cfg.reward_clip)
         rewards = rewards * cfg.reward_scale
+        if cfg.normalize_returns:
+            return_rms = normalization.root_mean_square(
+                jax.lax.stop_gradient(normalization.RunningStats(**params["return_stats"]))
+            )[0]
+            rewards = rewards / return_rms
         discounts = cfg.discount * (1.0 - tm["terminated"][1:].astype(jnp.float32))
         # x_t was a final observation: the env reset instead of taking a_t.
         valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1]).astype(jnp.float32)
@@ -249,6 +263,11 @@ class VTraceAgent:
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
+        if cfg.normalize_returns:
+            # This batch's discounted returns in reward units, merged into the statistics by `update`.
+            returns = (vt.targets * return_rms).reshape(-1, 1)
+            metrics[RETURN_BATCH] = normalization.batch_stats(returns, valid.reshape(-1))
+            metrics["return/rms"] = return_rms
         return total, metrics
 
     def _health(self, target_dist, values, advantages, activations, valid) -> dict[str, jax.Array]:
@@ -284,6 +303,11 @@ class VTraceAgent:
             obs = batch["obs"].reshape(-1, int(np.prod(self.spec.obs_shape)))
             stats = normalization.update_stats(self._split(state.params)[1], obs)
             params = {**params, "obs_stats": stats._asdict()}
+        if self.config.normalize_returns:
+            stats = normalization.merge(
+                normalization.RunningStats(**state.params["return_stats"]), metrics.pop(RETURN_BATCH)
+            )
+            params = {**params, "return_stats": stats._asdict()}
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["learning_rate"] = self.learning_rate(state.step)
         return LearnerState(params, opt_state, state.step + 1), metrics
