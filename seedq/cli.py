@@ -166,11 +166,14 @@ def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = ""
 def config_flags(config, base=None, prefix: str = "") -> list[str]:
     """The flags that turn `base` into `config` (inverse of `config_from_args`).
 
-    `base` defaults to the defaults `seedq train` applies flags to for
+    `base` is a config, or a config dataclass (its defaults). It defaults, for
+    a TrainConfig, to the defaults `seedq train` applies flags to for
     `config.env` (env_defaults), so the flags reproduce `config` in a fresh
-    `seedq train` process."""
+    process; for a section, to that section's defaults."""
     if base is None:
-        base = env_defaults(config.env)
+        base = env_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
+    elif isinstance(base, type):
+        base = base()
     flags = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)

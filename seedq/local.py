@@ -49,7 +49,7 @@ def actor_command(
     ]
     # Preprocessing runs in the actor and must match the learner's spec: pass
     # every --atari.* / --dmc.* option that differs from the defaults.
-    cmd += config_flags(config.env_options, config_lib.EnvOptions())
+    cmd += config_flags(config.env_options, config_lib.EnvOptions)
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     return cmd

@@ -148,6 +148,9 @@ def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
     config = resolved("--target-return", "none")
     assert config_flags(config)[config_flags(config).index("--target-return") + 1] == "none"
     assert "--target-return" not in config_flags(resolved())
+    # A section's flags against its dataclass's defaults (what actors and launchers are given).
+    options = config_lib.EnvOptions(atari=config_lib.AtariConfig(screen_size=64))
+    assert config_flags(options, config_lib.EnvOptions) == config_flags(options) == ["--atari.screen-size", "64"]
     # config.json round trip (what --resume reads).
     config_lib.save(config, str(tmp_path / "config.json"))
     assert config_lib.load(str(tmp_path / "config.json")) == config
