@@ -27,7 +27,22 @@ def _flag(prefix: str, name: str) -> str:
     return "--" + prefix + name.replace("_", "-").rstrip("-")
 
 
+# What an optional field's "none" parses to: None itself means "flag not given".
+NONE_GIVEN = "none"
+
+
 def _parser_for(hint):
+    from seedq.docs import optional_inner
+
+    inner = optional_inner(hint)
+    if inner is not None:
+        parse_inner = _parser_for(inner)
+
+        def parse_optional(text: str):
+            return NONE_GIVEN if text.lower() == "none" else parse_inner(text)
+
+        parse_optional.__name__ = inner.__name__  # argparse names the type in its errors
+        return parse_optional
     if typing.get_origin(hint) is tuple:
         (inner, _) = typing.get_args(hint)
 
@@ -49,6 +64,15 @@ def _parser_for(hint):
 
         return parse_bool
     return hint
+
+
+def _metavar(hint) -> str:
+    from seedq.docs import optional_inner
+
+    inner = optional_inner(hint)
+    if inner is not None:
+        return f"{inner.__name__.upper()}|none"
+    return hint.__name__.upper() if isinstance(hint, type) else "LIST"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,7 +141,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: s
             type=_parser_for(hint),
             default=None,
             **bare,
-            metavar=hint.__name__.upper() if isinstance(hint, type) else "LIST",
+            metavar=_metavar(hint),
             help=(f"{comment} " if comment else "").replace("%", "%%")
             + f"(default: {format_default(field.default)})",
         )
@@ -139,39 +163,56 @@ def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = ""
             continue
         value = getattr(args, prefix + field.name, None)
         if value is not None:
-            overrides[field.name] = value
+            overrides[field.name] = None if value is NONE_GIVEN else value
     return dataclasses.replace(base, **overrides)
 
 
-def config_flags(config, cls=TrainConfig, prefix: str = "") -> list[str]:
-    """The flags that turn the default config into `config` (inverse of `config_from_args`)."""
+def config_flags(config, base=None, prefix: str = "") -> list[str]:
+    """The flags that turn `base` into `config` (inverse of `config_from_args`).
+
+    `base` is a config, or a config dataclass (its defaults). It defaults, for
+    a TrainConfig, to the defaults `seedq train` applies flags to for
+    `config.env` (env_defaults), so the flags reproduce `config` in a fresh
+    process; for a section, to that section's defaults."""
+    if base is None:
+        base = env_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
+    elif isinstance(base, type):
+        base = base()
     flags = []
-    for field in dataclasses.fields(cls):
+    for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
-            flags += config_flags(value, type(value), prefix + field.name + ".")
-        elif value != field.default:
+            flags += config_flags(value, getattr(base, field.name), prefix + field.name + ".")
+        elif value != getattr(base, field.name):
             if isinstance(value, tuple):
                 text = ",".join(str(v) for v in value)
             elif isinstance(value, bool):
                 text = str(value).lower()
+            elif value is None:
+                text = NONE_GIVEN
             else:
                 text = str(value)
             flags += [_flag(prefix, field.name), text]
     return flags
 
 
-def _default_config(env: str | None) -> TrainConfig:
-    """The defaults the flags apply to: they depend on whether the env's actions
-    are Discrete or Box (config.defaults_for). An env id that cannot be built
-    falls back to the plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec
+def env_defaults(env_id: str) -> TrainConfig:
+    """The defaults the flags apply to for `env_id`: they depend on whether the
+    env's actions are Discrete or Box and on its registered reward_threshold
+    (config.defaults_for). An env id that cannot be built falls back to the
+    plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec, reward_threshold
 
     try:
-        continuous = not env_spec(env or TrainConfig.env).discrete
+        continuous = not env_spec(env_id).discrete
+        target = reward_threshold(env_id)
     except ValueError:
         return TrainConfig()
-    return config_lib.defaults_for(continuous)
+    return config_lib.defaults_for(continuous, target)
+
+
+def _default_config(env: str | None) -> TrainConfig:
+    return env_defaults(env or TrainConfig.env)
 
 
 def _saved_config(run_dir: str, flag: str) -> TrainConfig:
@@ -452,6 +493,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the run directory and every process log here (default: a temporary "
                       "directory, removed unless the soak fails)")
     soak.add_argument("--json", action="store_true", help="print one JSON object")
+    suite = bench_sub.add_parser(
+        "suite",
+        help="the defaults trained on a list of envs x seeds (fresh processes, frame budgets, no "
+        "target) and scored against published returns: results.csv, curves.csv, summary.md, plots",
+        description="Trains every env x seed in a fresh `seedq train` process given only the env id, "
+        "its frame budget (the suite's table in seedq/bench/references.py), the seed, no target and "
+        "no time limit; every other config flag given here (e.g. --precision int8, --architecture "
+        "impala) passes through to every run. Measures the random policy's return per env and writes "
+        "OUT/results.csv, OUT/curves.csv, OUT/summary.md (against the references, normalised "
+        "(return - random) / (reference - random)) and one PNG per env. A rerun skips finished runs.",
+        formatter_class=_HelpFormatter,
+    )
+    add_config_flags(suite)
+    suite.add_argument("--envs", type=_csv(str), default=None,
+                       help="comma-separated env ids (default: the suite's table but Pong and LunarLander)")
+    suite.add_argument("--seeds", type=int, default=3, help="runs per env (seeds SEED, SEED+1, ...)")
+    suite.add_argument("--out", required=True, help="output directory")
+    suite.add_argument("--frames-scale", type=float, default=1.0,
+                       help="multiplies every env's frame budget (--max-frames replaces them)")
+    suite.add_argument("--random-episodes", type=int, default=100,
+                       help="episodes of the random policy measured per env")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -692,6 +754,31 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_suite(args: argparse.Namespace) -> int:
+    from seedq.bench import references, suite
+
+    try:
+        if args.env is not None:
+            raise ValueError("--env: the suite takes --envs (a comma-separated list)")
+        if args.frames_scale <= 0 or args.random_episodes <= 0:
+            raise ValueError("--frames-scale and --random-episodes must be > 0")
+
+        def base_for(env_id: str) -> TrainConfig:
+            return config_from_args(args, base=env_defaults(env_id))
+
+        result = suite.run(
+            base_for, list(args.envs or references.DEFAULT_ENVS), args.seeds, args.out,
+            max_frames=args.max_frames or 0, frames_scale=args.frames_scale,
+            random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
+        )
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"seedq bench suite: {e}", file=sys.stderr)
+        return 1
+    print(result["table"])
+    print("plots: " + ", ".join(result["plots"]))
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from seedq.bench import compare
 
@@ -792,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench_inference(args)
         if args.bench == "soak":
             return _bench_soak(args)
+        if args.bench == "suite":
+            return _bench_suite(args)
         if args.bench == "stuck":
             from seedq.bench import stuck
 

@@ -17,12 +17,12 @@ import json
 import os
 import time
 import typing
-from typing import Any
+from typing import Any, Optional
 
 AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
-NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
+NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
 
@@ -185,6 +185,10 @@ class VTraceConfig:
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
     learning_rate: float = 3e-3
+    # > 0: the learning rate falls linearly from learning_rate to 0 over this many
+    # trained env frames (train steps x batch_size x unroll_length), then stays 0;
+    # 0: constant (docs/learning.md).
+    learning_rate_decay_frames: int = 0
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
     # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.
@@ -193,7 +197,13 @@ class VTraceConfig:
     # so the value loss's share of the clipped gradient norm, moderate on
     # dense-reward tasks (returns are reported unscaled).
     reward_scale: float = 1.0
-    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # Divide the training rewards (after reward_clip and reward_scale) by the
+    # running root mean square of the discounted return (the V-trace targets,
+    # in reward units), so value targets stay near unit scale on any env
+    # (docs/learning.md); the statistics live in the parameters ("return_stats").
+    normalize_returns: bool = False
+    # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
+    # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.
     network: str = "auto"
     # Sizes of the MLP torso's layers.
@@ -235,7 +245,8 @@ class R2D2Config:
     max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
     target_update_period: int = 200
-    # Torso: auto (mlp for vector observations, nature_cnn for frames), mlp,
+    # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
+    # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.
     network: str = "auto"
     # Sizes of the MLP torso's layers (before the LSTM).
@@ -288,8 +299,12 @@ class TrainConfig:
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
-    # Stop conditions: whichever comes first. 0 disables a limit.
-    target_return: float = 475.0
+    # Stop conditions: whichever comes first. The run stops once the mean return
+    # (return_window episodes) reaches target_return; none (null): no target.
+    # The command line's default is the env's registered reward_threshold
+    # (gymnasium: CartPole-v1 475, Acrobot-v1 -100), none where it has none.
+    target_return: Optional[float] = None
+    # 0 disables a limit.
     max_seconds: float = 300.0
     max_frames: int = 0
     # Episodes averaged for `mean_return_last100` and the target check.
@@ -419,6 +434,7 @@ class TrainConfig:
             "stats_every_seconds": self.stats_every_seconds,
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
+            "vtrace.learning_rate_decay_frames": self.vtrace.learning_rate_decay_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,
             "server.health_port": self.server.health_port,
             "atari.noop_max": self.atari.noop_max,
@@ -485,12 +501,13 @@ CONTINUOUS_VTRACE = VTraceConfig(
 )
 
 
-def defaults_for(continuous_actions: bool) -> TrainConfig:
-    """The default run config for an env with Discrete or Box actions
-    (command-line flags are applied on top of it)."""
+def defaults_for(continuous_actions: bool, target_return: Optional[float] = None) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions and the
+    env's registered target return (command-line flags are applied on top of it)."""
+    base = TrainConfig(target_return=target_return)
     if continuous_actions:
-        return TrainConfig(vtrace=CONTINUOUS_VTRACE)
-    return TrainConfig()
+        return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
+    return base
 
 
 def to_dict(config: Any) -> dict:

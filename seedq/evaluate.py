@@ -25,7 +25,7 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq.config import EnvOptions, TrainConfig
-from seedq.envs import env_spec, make_env, make_vector_env
+from seedq.envs import env_spec, make_env, make_vector_env, random_actions
 from seedq.learner import checkpoint
 
 VIDEO_FORMATS = (".mp4", ".gif")
@@ -112,8 +112,24 @@ class Policy:
         return np.asarray(actions), core, rng
 
 
+class RandomPolicy:
+    """Uniform random actions over the env's action space, the same interface as
+    `Policy` (the learning suite's "random" baseline for normalised scores)."""
+
+    greedy = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def start(self, n: int, seed: int):
+        return np.random.default_rng(seed), None, None
+
+    def __call__(self, rng, obs, first, core, inputs):
+        return random_actions(self.spec, len(obs), rng), core, rng
+
+
 def evaluate(
-    policy: Policy, env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions()
+    policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions()
 ) -> EvalResult:
     """Plays `episodes` episodes (one per env of a vector env) and returns their returns."""
     if episodes < 1:

@@ -24,7 +24,7 @@ from seedq.cli import config_flags
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
 from seedq.learner import checkpoint
-from seedq.learner.learner import Learner
+from seedq.learner.learner import Learner, make_agent
 from seedq.learner.reporting import RunReporter
 
 log = logging.getLogger("seedq.local")
@@ -132,14 +132,13 @@ def train(
             "tls.* is for `seedq learner` with actors given the CA (`seedq actor --tls.ca`); "
             "`seedq train`'s local actors dial without TLS (use --auth.token-file on a TCP address)"
         )
-    env_spec(config.env, config.env_options)  # a bad env id fails here, before any process starts
+    # A bad env id, an observation or action space the agent cannot take, fail
+    # here (one line), before any process starts.
+    agent = make_agent(config, env_spec(config.env, config.env_options))
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
         import jax
 
-        from seedq.learner.learner import make_agent
-
-        agent = make_agent(config, env_spec(config.env, config.env_options))
         checkpoint.check_compatible(
             resume,
             jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),

@@ -333,7 +333,7 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
     # Runs until SIGTERM (the `seedq learner` preemption path): no frame, time or return limit.
     learner, address, log, run = start_learner(
         tmp_path, "mtls", *tls, "--auth.token-file", pki["token"], "--max-frames", "0",
-        "--max-seconds", "0", "--target-return", "0", "--checkpoint-every-seconds", "0",
+        "--max-seconds", "0", "--target-return", "none", "--checkpoint-every-seconds", "0",
     )
     token = ["--auth.token-file", pki["token"]]
     client = ["--tls.cert", pki["client.pem"], "--tls.key", pki["client-key.pem"]]

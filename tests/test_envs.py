@@ -123,7 +123,7 @@ def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "factory:my_envs:make_corridor", "--max-frames", "3000",
-        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
+        "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
         "--logdir", str(logdir), "--quiet", env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -267,7 +267,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     logdir = tmp_path / agent
     result = seedq(
         "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "2500",
-        "--target-return", "0", "--num-actors", "1", "--envs-per-actor", "8",
+        "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "8",
         "--eval-episodes", "1", "--atari.max-episode-frames", "2000",
         "--logdir", str(logdir), "--quiet", *extra, timeout=400,
     )
@@ -285,7 +285,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
 def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     logdir = tmp_path / "dmc"
     result = seedq(
-        "train", "--env", "dmc:cartpole-swingup", "--max-frames", "6000", "--target-return", "0",
+        "train", "--env", "dmc:cartpole-swingup", "--max-frames", "6000", "--target-return", "none",
         "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "1",
         "--logdir", str(logdir), "--quiet", timeout=300,
     )
@@ -294,3 +294,150 @@ def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     assert summary["frames"] >= 6000 and summary["train_steps"] > 0
     assert summary["episodes"] >= 4  # 1000-step episodes
     assert summary["eval"]["lengths"] == [1000] and 0 <= summary["eval"]["mean"] <= 1000
+
+
+# --- observations of every family -------------------------------------------------
+
+OBS_ENVS = textwrap.dedent('''
+    """Small envs with non-Box observations, registered as obs_envs:<Name>-v0."""
+    import gymnasium as gym
+    import numpy as np
+
+
+    class DictCorridor(gym.Env):
+        """Walk right (action 1) for 4 steps to earn 1; observes a Dict of every family."""
+
+        observation_space = gym.spaces.Dict({
+            "position": gym.spaces.Discrete(5),
+            "velocity": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            "flags": gym.spaces.MultiBinary(3),
+            "pair": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiDiscrete([3, 2]))),
+        })
+        action_space = gym.spaces.Discrete(2)
+
+        def _obs(self):
+            return {"position": self.position, "velocity": np.array([0.5, -0.5], np.float32),
+                    "flags": np.array([1, 0, 1], np.int8),
+                    "pair": (self.position % 2, np.array([self.position % 3, 1]))}
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.position = 0
+            return self._obs(), {}
+
+        def step(self, action):
+            self.position = min(4, max(0, self.position + (1 if action == 1 else -1)))
+            done = self.position == 4
+            return self._obs(), float(done), done, False, {}
+
+
+    class TextObservation(DictCorridor):
+        observation_space = gym.spaces.Text(8)
+
+
+    class OnePixel(DictCorridor):
+        observation_space = gym.spaces.Box(0, 255, (1, 1, 3), np.uint8)
+
+
+    for name in ("DictCorridor", "TextObservation", "OnePixel"):
+        gym.register(f"{name}-v0", entry_point=f"obs_envs:{name}", max_episode_steps=20)
+''')
+
+
+@pytest.fixture
+def obs_envs(tmp_path, monkeypatch):
+    """The obs_envs module importable here and in the actor processes (PYTHONPATH)."""
+    import os
+
+    (tmp_path / "obs_envs.py").write_text(OBS_ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_non_box_observations_are_flattened_to_one_float_vector(obs_envs):
+    # FrozenLake: Discrete(16) -> one-hot; Blackjack: Tuple(Discrete(32), Discrete(11), Discrete(2)).
+    assert env_spec("FrozenLake-v1").obs_shape == (16,) and env_spec("FrozenLake-v1").obs_dtype == "float32"
+    assert env_spec("Blackjack-v1").obs_shape == (32 + 11 + 2,)
+    env = make_env("obs_envs:DictCorridor-v0")
+    raw = gym.make("obs_envs:DictCorridor-v0")
+    try:
+        # Keys sorted: flags 3 + pair (2 one-hot + 3 + 2 one-hot) + position 5 one-hot + velocity 2 = 17
+        assert env_spec("obs_envs:DictCorridor-v0").obs_shape == (17,)
+        obs, _ = env.reset(seed=0)
+        raw_obs, _ = raw.reset(seed=0)
+        for _ in range(3):
+            assert obs.dtype == np.float32
+            np.testing.assert_array_equal(obs, gym.spaces.flatten(raw.observation_space, raw_obs))
+            obs, *_ = env.step(1)
+            raw_obs, *_ = raw.step(1)
+        assert obs[10:15].tolist() == [0, 0, 0, 1, 0]  # position 3, one-hot
+    finally:
+        env.close()
+        raw.close()
+    vector = make_vector_env("FrozenLake-v1", 3, seed=0)
+    try:
+        obs, _ = vector.reset(seed=0)
+        assert obs.shape == (3, 16) and obs.dtype == np.float32
+        assert obs.sum(axis=1).tolist() == [1.0, 1.0, 1.0]
+    finally:
+        vector.close()
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "obs_envs:DictCorridor-v0"])
+def test_discrete_and_dict_observations_train_through_real_actor_processes(tmp_path, obs_envs, env_id):
+    logdir = tmp_path / "run"
+    result = seedq(
+        "train", "--env", env_id, "--max-frames", "3000", "--target-return", "none",
+        "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
+        "--logdir", str(logdir), "--quiet", env=obs_envs,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["frames"] >= 3000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert len(summary["eval"]["lengths"]) == 2
+
+
+@pytest.mark.parametrize("env_id, words", [
+    ("obs_envs:TextObservation-v0", "obs_envs:TextObservation-v0: observation space Text("),
+    ("obs_envs:OnePixel-v0", "observation shape [1, 1, 3] (an image of 1x1 pixels) is too small"),
+])
+def test_observations_no_network_takes_are_refused_at_start_up_in_one_line(tmp_path, obs_envs, env_id, words):
+    result = seedq("train", "--env", env_id, "--logdir", str(tmp_path / "x"), "--quiet",
+                   timeout=120, env=obs_envs)
+    assert result.returncode != 0
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()  # refused before the run started
+
+
+def test_minatar_ids_build_the_real_games():
+    from minatar import Environment
+
+    spec = env_spec("MinAtar/Breakout-v1")
+    assert (spec.obs_dtype, spec.obs_shape) == ("bool", (10, 10, 4))
+    # -v1: the game's minimal action set (MinAtar's own), -v0: all six actions.
+    assert spec.num_actions == len(Environment("breakout").minimal_action_set()) == 3
+    assert env_spec("MinAtar/Breakout-v0").num_actions == 6
+    for game, channels in (("Asterix", 4), ("Freeway", 7), ("Seaquest", 10), ("SpaceInvaders", 6)):
+        assert env_spec(f"MinAtar/{game}-v1").obs_shape == (10, 10, channels)
+    env = make_vector_env("MinAtar/Breakout-v1", 2, seed=0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (2, 10, 10, 4) and obs.dtype == bool and obs.any()
+        for _ in range(5):
+            obs, reward, terminated, truncated, _ = env.step(np.array([0, 2]))
+        assert obs.shape == (2, 10, 10, 4)
+    finally:
+        env.close()
+
+
+def test_minatar_trains_with_the_automatic_network(tmp_path):
+    logdir = tmp_path / "minatar"
+    result = seedq(
+        "train", "--env", "MinAtar/Breakout-v1", "--max-frames", "3000", "--num-actors", "1",
+        "--envs-per-actor", "4", "--eval-episodes", "1", "--logdir", str(logdir), "--quiet",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["frames"] >= 3000 and summary["train_steps"] > 0
+    assert summary["target_return"] is None  # MinAtar registers no reward_threshold

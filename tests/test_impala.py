@@ -312,7 +312,7 @@ def test_compare_writes_csv_and_plots(tmp_path):
     out = tmp_path / "cmp"
     result = seedq(
         "compare", "--env", "CartPole-v1", "--configs", "seed-fp32,impala-int8", "--seeds", "1",
-        "--max-frames", "20000", "--max-seconds", "0", "--target-return", "0", "--eval-episodes", "1",
+        "--max-frames", "20000", "--max-seconds", "0", "--target-return", "none", "--eval-episodes", "1",
         "--checkpoint-every-seconds", "0", "--out", str(out), timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -183,7 +183,7 @@ def local_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("local") / "run"
     first = subprocess.Popen(
         [sys.executable, "-m", "seedq.cli", "train", "--logdir", str(run), "--max-frames", "2000000",
-         "--target-return", "0", "--checkpoint-every-seconds", "1", "--eval-episodes", "5",
+         "--target-return", "none", "--checkpoint-every-seconds", "1", "--eval-episodes", "5",
          "--log-every-seconds", "0.5"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )

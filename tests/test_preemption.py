@@ -86,7 +86,7 @@ def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
     # No periodic checkpoints: the only checkpoint is the one SIGTERM causes.
     first = subprocess.Popen(
         [*SEEDQ, "train", "--resume", "auto", "--logdir", str(run), "--checkpoint-every-seconds", "0",
-         "--max-frames", "2000000", "--max-seconds", "0", "--target-return", "0",
+         "--max-frames", "2000000", "--max-seconds", "0", "--target-return", "none",
          "--eval-episodes", "0", "--log-every-seconds", "0.5"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT,
     )

@@ -309,6 +309,18 @@ def test_lstm_resets_on_first():
     assert not np.allclose(q[:6], agent.network.apply(params, obs[:6], first[:6], zeros)[0])
 
 
+def test_small_images_get_the_small_cnn_and_run():
+    """MinAtar's 10x10xC boolean frames (the Nature CNN does not fit them)."""
+    spec = codec.EnvSpec("bool", (10, 10, 4), num_actions=3)
+    agent = R2D2Agent(spec, CFG, num_envs=8)
+    assert agent.network.torso == "small_cnn"
+    params = agent.init(jax.random.PRNGKey(2)).params
+    obs = _rng(3).random((5, 2, 10, 10, 4)) < 0.1
+    zeros = (np.zeros((2, 8), np.float32),) * 2
+    q, _ = agent.network.apply(params, obs, np.zeros((5, 2), bool), zeros)
+    assert q.shape == (5, 2, 3) and np.all(np.isfinite(q))
+
+
 # --- acting ----------------------------------------------------------------------
 
 
@@ -392,7 +404,7 @@ def test_seedq_train_r2d2_short_run(tmp_path):
     result = subprocess.run(
         [
             sys.executable, "-m", "seedq.cli", "train", "--agent", "r2d2", "--env", "CartPole-v1",
-            "--max-frames", "12000", "--target-return", "0", "--eval-episodes", "2",
+            "--max-frames", "12000", "--target-return", "none", "--eval-episodes", "2",
             "--num-actors", "1", "--envs-per-actor", "16", "--r2d2.min-replay-size", "32",
             "--r2d2.replay-capacity", "256", "--logdir", str(logdir), "--log-every-seconds", "0.5",
             "--quiet",

@@ -27,7 +27,7 @@ def seedq(*args, timeout=300):
 def test_short_run_writes_run_directory(tmp_path):
     logdir = tmp_path / "run"
     result = seedq(
-        "train", "--env", "CartPole-v1", "--max-frames", "20000", "--target-return", "0",
+        "train", "--env", "CartPole-v1", "--max-frames", "20000", "--target-return", "none",
         "--logdir", str(logdir), "--log-every-seconds", "0.5",
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -121,3 +121,66 @@ def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
     # No process of the group survives.
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
+
+
+@pytest.mark.parametrize("env_id, target", [
+    ("CartPole-v1", 475.0), ("Acrobot-v1", -100.0), ("MountainCarContinuous-v0", 90.0),
+    ("Pendulum-v1", None), ("MinAtar/Breakout-v1", None), ("dmc:cartpole-swingup", None),
+])
+def test_target_return_defaults_to_the_envs_registered_threshold(env_id, target):
+    from seedq.cli import env_defaults
+
+    assert env_defaults(env_id).target_return == target
+
+
+def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
+    from seedq import config as config_lib
+    from seedq.cli import build_parser, config_flags, config_from_args, env_defaults
+
+    def resolved(*flags):
+        args = build_parser().parse_args(["train", "--env", "Acrobot-v1", *flags])
+        return config_from_args(args, base=env_defaults("Acrobot-v1"))
+
+    assert resolved().target_return == -100.0
+    assert resolved("--target-return", "none").target_return is None
+    assert resolved("--target-return", "0").target_return == 0.0
+    # The flags that rebuild a config in a fresh process say "none" where it differs from the env's default.
+    config = resolved("--target-return", "none")
+    assert config_flags(config)[config_flags(config).index("--target-return") + 1] == "none"
+    assert "--target-return" not in config_flags(resolved())
+    # A section's flags against its dataclass's defaults (what actors and launchers are given).
+    options = config_lib.EnvOptions(atari=config_lib.AtariConfig(screen_size=64))
+    assert config_flags(options, config_lib.EnvOptions) == config_flags(options) == ["--atari.screen-size", "64"]
+    # config.json round trip (what --resume reads).
+    config_lib.save(config, str(tmp_path / "config.json"))
+    assert config_lib.load(str(tmp_path / "config.json")) == config
+
+
+def test_a_run_without_target_says_so(tmp_path):
+    logdir = tmp_path / "pendulum"
+    result = seedq(
+        "train", "--env", "Pendulum-v1", "--max-frames", "2000", "--num-actors", "1",
+        "--envs-per-actor", "4", "--eval-episodes", "0", "--logdir", str(logdir), timeout=200,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no target" in result.stdout and "target 475" not in result.stdout
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["target_return"] is None and summary["reached_target"] is False
+    # A resumed run keeps "no target" from its config.json.
+    result = seedq("train", "--resume", str(logdir), "--max-frames", "4000", "--quiet", timeout=200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((logdir / "summary.json").read_text())["target_return"] is None
+
+
+def test_zero_target_stops_the_run_once_reached(tmp_path):
+    """CartPole's return is >= 0 from the first episodes: a target of 0 (a real target,
+    not "none") stops the run as soon as 100 episodes are in."""
+    logdir = tmp_path / "zero"
+    result = seedq(
+        "train", "--env", "CartPole-v1", "--target-return", "0", "--max-frames", "500000",
+        "--num-actors", "1", "--envs-per-actor", "8", "--eval-episodes", "0",
+        "--logdir", str(logdir), "--quiet", timeout=200,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_return" and summary["frames"] < 500000

@@ -24,6 +24,7 @@ from seedq.wire.codec import EnvSpec
 CARTPOLE = EnvSpec("float32", (4,), num_actions=2)
 SWINGUP = EnvSpec("float32", (5,), action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 FRAMES = EnvSpec("uint8", (36, 36), num_actions=3)
+MINATAR = EnvSpec("bool", (10, 10, 4), num_actions=3)  # MinAtar/Breakout-v1
 
 
 def _record(agent, params, steps: int, n: int, seed: int = 0):
@@ -40,6 +41,8 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     for t in range(steps):
         if spec.obs_dtype == "uint8":
             obs = rng.integers(0, 256, (n, *spec.obs_shape), dtype=np.uint8)
+        elif spec.obs_dtype == "bool":
+            obs = rng.random((n, *spec.obs_shape)) < 0.1
         else:
             obs = rng.normal(size=(n, *spec.obs_shape)).astype(np.float32)
         # Episode starts inside the unroll (and at its first step).
@@ -66,7 +69,9 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (SWINGUP, VTraceConfig(normalize_observations=True)),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized", "frames", "frames-lstm"])
+    (MINATAR, VTraceConfig()),
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized", "frames",
+        "frames-lstm", "small-image"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
     state = agent.init(jax.random.PRNGKey(1))
@@ -94,6 +99,78 @@ def test_frames_and_lstm_state_are_core_state():
     assert agent.network_name == "nature_cnn"
     assert VTraceAgent(FRAMES, VTraceConfig(), frame_stack=1).initial_core_state(2) == {}
     assert VTraceAgent(CARTPOLE, VTraceConfig()).network_name == "mlp"
+
+
+@pytest.mark.parametrize("obs_shape, expected", [
+    ((4,), "mlp"), ((3, 5), "mlp"), ((10, 10, 4), "small_cnn"), ((35, 84, 4), "small_cnn"),
+    ((36, 36, 4), "nature_cnn"), ((84, 84, 4), "nature_cnn"),
+])
+def test_the_automatic_network_follows_the_observation(obs_shape, expected):
+    from seedq.agents.networks import choose_network
+
+    assert choose_network("auto", obs_shape) == expected
+
+
+@pytest.mark.parametrize("name, obs_shape, words", [
+    ("auto", (1, 1, 3), "observation shape [1, 1, 3] (an image of 1x1 pixels) is too small for network 'small_cnn'"),
+    ("nature_cnn", (10, 10, 4), "too small for network 'nature_cnn', which needs at least 36x36"),
+    ("small_cnn", (4,), "network 'small_cnn' needs image observations [H, W, C]; this env observes shape [4]"),
+])
+def test_observations_a_network_cannot_take_are_refused_naming_them(name, obs_shape, words):
+    with pytest.raises(ValueError) as e:
+        VTraceAgent(EnvSpec("float32", obs_shape, num_actions=2), VTraceConfig(network=name))
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_small_image_network_is_chosen_for_minatar_frames_and_runs(precision):
+    """(The Nature CNN crashed on 10x10 inputs with a ZeroDivisionError inside flax.)"""
+    agent = VTraceAgent(MINATAR, VTraceConfig(), precision=precision)
+    assert agent.network_name == "small_cnn"
+    state = agent.init(jax.random.PRNGKey(0))
+    conv = state.params["params"]["SmallCNN_0"]["Conv_0"]["kernel"]
+    assert conv.shape == (3, 3, 4, 16)  # MinAtar's reference: one 3x3 conv, 16 channels
+    assert state.params["params"]["SmallCNN_0"]["Dense_0"]["kernel"].shape == (8 * 8 * 16, 128)
+    obs = np.random.default_rng(0).random((6, 10, 10, 4)) < 0.1
+    actions, dist, _, _ = jax.jit(agent.act)(
+        agent.inference_params(state), jax.random.PRNGKey(1), obs, np.ones(6, bool), {}, {}
+    )
+    assert actions.shape == (6,) and np.all((0 <= actions) & (actions < 3))
+    assert np.all(np.isfinite(dist["logits"]))
+
+
+def test_learning_health_metrics_measure_the_batch():
+    agent = VTraceAgent(CARTPOLE, VTraceConfig())
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    _, metrics = jax.jit(agent.loss)(state.params, batch)
+    # A fresh policy head (orthogonal gain 0.01) is close to uniform over 2 actions.
+    np.testing.assert_allclose(float(metrics["policy/entropy"]), np.log(2), atol=1e-3)
+    assert 0.0 <= float(metrics["torso/saturation"]) < 0.5
+    for key in ("value/mean", "value/std", "advantage/abs_mean", "policy/logit_spread_across_states"):
+        assert np.isfinite(float(metrics[key])), key
+    # Weights scaled up 100x drive every tanh unit to +-1: saturation reads ~1.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 100.0 if "MLPTorso" in jax.tree_util.keystr(path) else x, state.params
+    )
+    _, metrics = jax.jit(agent.loss)(params, batch)
+    assert float(metrics["torso/saturation"]) > 0.9
+
+
+def test_health_statistics_match_numpy():
+    from seedq.agents import health
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    mask = (rng.random((5, 3)) < 0.7).astype(np.float32)
+    mean, std = health.masked_mean_std(jnp.asarray(x), jnp.asarray(mask))
+    kept = x[mask == 1]
+    np.testing.assert_allclose([float(mean), float(std)], [kept.mean(), kept.std()], rtol=1e-5)
+    logits = rng.normal(size=(5, 3, 4)).astype(np.float32)
+    spread = health.spread_across_states(jnp.asarray(logits), jnp.asarray(mask))
+    np.testing.assert_allclose(float(spread), logits[mask == 1].std(axis=0).mean(), rtol=1e-5)
+    acts = [jnp.asarray([[0.995, -0.2], [-0.999, 0.5]]), jnp.asarray([[1.0, 0.0, 0.98]])]
+    assert float(health.saturation(acts)) == pytest.approx(3 / 7)
 
 
 def test_gaussian_policy_samples_its_distribution_and_starts_at_initial_log_std():
@@ -206,3 +283,67 @@ def test_update_merges_the_batch_into_the_published_statistics():
     assert float(stats["count"]) == len(obs)
     np.testing.assert_allclose(np.asarray(stats["mean"]), obs.mean(0), rtol=1e-4, atol=1e-6)
     assert set(agent.inference_params(new)) == {"params", "obs_stats"}
+
+
+def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
+    from seedq.agents.vtrace.agent import learning_rate_schedule
+
+    config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000)  # 16 x 10 per step
+    schedule = learning_rate_schedule(config)
+    assert [float(schedule(s)) for s in (0, 500, 1000, 2000)] == pytest.approx([6e-4, 3e-4, 0.0, 0.0])
+    assert float(learning_rate_schedule(VTraceConfig())(10**6)) == pytest.approx(3e-3)
+    # The optimiser really uses it: 2 steps of horizon move the parameters, the third does not.
+    agent = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=2 * 16 * 10))
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    update = jax.jit(agent.update)
+    for step in range(3):
+        before = state.params
+        state, metrics = update(state, batch)
+        moved = any(not np.allclose(x, y, atol=1e-8)
+                    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
+        assert moved == (step < 2), step
+        assert float(metrics["learning_rate"]) == pytest.approx([6e-4, 3e-4, 0.0][step], abs=1e-10)
+
+
+def test_masked_batch_statistics_merge_like_numpy():
+    from seedq.agents import normalization
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=(40, 1)).astype(np.float32)
+    weight = (rng.random(40) < 0.6).astype(np.float32)
+    stats = normalization.init_stats(1)
+    for part in (slice(0, 15), slice(15, 40)):
+        stats = normalization.merge(stats, normalization.batch_stats(jnp.asarray(x[part]), jnp.asarray(weight[part])))
+    kept = x[weight == 1, 0]
+    assert float(stats.count) == len(kept)
+    np.testing.assert_allclose(float(stats.mean[0]), kept.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(stats.m2[0]) / len(kept), kept.var(), rtol=1e-4)
+    np.testing.assert_allclose(float(normalization.root_mean_square(stats)[0]),
+                               np.sqrt(np.mean(kept ** 2)), rtol=1e-4)
+
+
+def test_return_normalisation_makes_the_loss_independent_of_the_reward_scale():
+    """Rewards x100 with return statistics x100 give the same loss, up to the value
+    head's bias (zero at init): what the network learns no longer depends on the scale."""
+    config = VTraceConfig(normalize_returns=True)
+    agent = VTraceAgent(CARTPOLE, config)
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    seen = {"count": np.float32(1000.0), "mean": np.array([20.0], np.float32), "m2": np.array([1000.0 * 25.0], np.float32)}
+
+    def loss_with(scale):
+        params = {**state.params, "return_stats": {"count": seen["count"], "mean": seen["mean"] * scale,
+                                                   "m2": seen["m2"] * scale ** 2}}
+        loss, metrics = jax.jit(agent.loss)(params, {**batch, "reward": batch["reward"] * scale})
+        return float(loss), float(metrics["return/rms"])
+
+    (loss_1, rms_1), (loss_100, rms_100) = loss_with(1.0), loss_with(100.0)
+    assert rms_100 == pytest.approx(100 * rms_1, rel=1e-5)
+    assert loss_100 == pytest.approx(loss_1, rel=1e-4)
+    # And the update merges this batch's returns into the statistics.
+    new_state, metrics = jax.jit(agent.update)(state, batch)
+    assert "_return_batch" not in metrics
+    valid_steps = 10 * 4  # no episode ends in _record's batch
+    assert float(new_state.params["return_stats"]["count"]) == valid_steps
+    assert float(metrics["return/rms"]) == 1.0  # nothing seen before this update

@@ -22,7 +22,11 @@ import numpy as np
 
 from seedq.quant.layers import observation_input, scale_pixels
 
-NETWORKS = ("mlp", "nature_cnn", "impala_cnn")
+NETWORKS = ("mlp", "small_cnn", "nature_cnn", "impala_cnn")
+# Smallest image side each conv torso takes. The Nature CNN's VALID convs
+# (8x8/4, 4x4/2, 3x3/1) need 36 pixels; the small CNN's one 3x3 VALID conv
+# needs 3; the IMPALA ResNet pads (SAME) and takes any size.
+MIN_IMAGE_SIDE = {"small_cnn": 3, "nature_cnn": 36, "impala_cnn": 1}
 
 
 def _to_float(obs: jax.Array) -> jax.Array:
@@ -46,7 +50,28 @@ class MLPTorso(nn.Module):
             x = observation_input(x)
         for size in self.hidden_sizes:
             x = self.activation(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+            # Kept only when applied with mutable=["intermediates"] (the learner's
+            # health metrics: seedq.agents.health); free otherwise.
+            self.sow("intermediates", "activations", x)
         return x
+
+
+class SmallCNN(nn.Module):
+    """MinAtar's reference torso: one 3x3/1 conv of 16 channels (VALID), dense 128 (ReLU).
+
+    For images smaller than the Nature CNN's receptive field (MinAtar's
+    10x10xC boolean frames)."""
+
+    channels: int = 16
+    dense_size: int = 128
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """obs [N, H, W, C] (bool, uint8 or float; H, W >= 3) -> [N, dense_size]."""
+        x = _to_float(obs)
+        x = nn.relu(nn.Conv(self.channels, (3, 3), strides=(1, 1), padding="VALID")(x))
+        x = x.reshape(x.shape[0], -1)
+        return nn.relu(nn.Dense(self.dense_size)(x))
 
 
 class NatureCNN(nn.Module):
@@ -198,12 +223,28 @@ class PolicyValueNet(nn.Module):
         return PolicyValueHead(self.num_actions)(self.torso(obs))
 
 
-def resolve_network(name: str, pixels: bool) -> str:
-    """"auto" -> nature_cnn for frames, mlp for vectors; other names unchanged."""
+def choose_network(name: str, obs_shape: Sequence[int]) -> str:
+    """The torso for observations [*obs_shape] (after frame stacking): `name`, or
+    for "auto" mlp for vectors, small_cnn for images [H, W, C] with a side
+    under 36 pixels and nature_cnn for larger ones. Raises ValueError (one line
+    naming the observation) where the torso cannot take it."""
+    shape = tuple(int(d) for d in obs_shape)
+    is_image = len(shape) == 3
     if name == "auto":
-        return "nature_cnn" if pixels else "mlp"
+        if not is_image:
+            return "mlp"
+        name = "nature_cnn" if min(shape[:2]) >= MIN_IMAGE_SIDE["nature_cnn"] else "small_cnn"
     if name not in NETWORKS:
         raise ValueError(f"network {name!r}: choose auto or one of {', '.join(NETWORKS)}")
+    if name == "mlp":
+        return name
+    if not is_image:
+        raise ValueError(f"network {name!r} needs image observations [H, W, C]; this env observes shape {list(shape)}")
+    if min(shape[:2]) < MIN_IMAGE_SIDE[name]:
+        raise ValueError(
+            f"observation shape {list(shape)} (an image of {shape[0]}x{shape[1]} pixels) is too small "
+            f"for network {name!r}, which needs at least {MIN_IMAGE_SIDE[name]}x{MIN_IMAGE_SIDE[name]}"
+        )
     return name
 
 
@@ -214,6 +255,8 @@ def make_torso(
     """The torso called `name`; `module_name` names the flax submodule (default: automatic)."""
     if name == "mlp":
         return MLPTorso(tuple(mlp_hidden), mlp_activation, name=module_name)
+    if name == "small_cnn":
+        return SmallCNN(name=module_name)
     if name == "nature_cnn":
         return NatureCNN(name=module_name)
     if name == "impala_cnn":
@@ -225,4 +268,6 @@ def example_obs(name: str, batch_size: int, mlp_input: int = 64) -> np.ndarray:
     """A zero observation batch of the shape/dtype network `name` is benchmarked with."""
     if name == "mlp":
         return np.zeros((batch_size, mlp_input), np.float32)
+    if name == "small_cnn":
+        return np.zeros((batch_size, 10, 10, 4), np.uint8)
     return np.zeros((batch_size, 84, 84, 4), np.uint8)

@@ -1,4 +1,5 @@
-"""Running mean/variance of observations, for normalising vector inputs.
+"""Running mean/variance of observations (normalising vector inputs) and of
+returns (scaling rewards: VTraceConfig.normalize_returns).
 
 Continuous-control observations mix positions (~1) and velocities (~10):
 without normalisation a tanh torso saturates on the large ones. The learner
@@ -38,14 +39,33 @@ def update_stats(stats: RunningStats, x: jax.Array) -> RunningStats:
     """Merges a batch x [N, D] into `stats`."""
     chex.assert_rank(x, 2)
     x = x.astype(jnp.float32)
-    n = jnp.float32(x.shape[0])
-    batch_mean = jnp.mean(x, axis=0)
-    batch_m2 = jnp.sum(jnp.square(x - batch_mean), axis=0)
+    return merge(stats, batch_stats(x, jnp.ones(x.shape[0], jnp.float32)))
+
+
+def batch_stats(x: jax.Array, weight: jax.Array) -> RunningStats:
+    """Statistics of the rows of x [N, D] whose weight [N] is 1 (0: left out)."""
+    chex.assert_rank([x, weight], [2, 1])
+    n = jnp.sum(weight)
+    mean = jnp.sum(x * weight[:, None], axis=0) / jnp.maximum(n, 1.0)
+    m2 = jnp.sum(jnp.square(x - mean) * weight[:, None], axis=0)
+    return RunningStats(n, mean, m2)
+
+
+def merge(stats: RunningStats, batch: RunningStats) -> RunningStats:
+    """Chan et al.'s parallel merge of two sets of statistics."""
+    n, batch_mean, batch_m2 = batch
     total = stats.count + n
     delta = batch_mean - stats.mean
-    mean = stats.mean + delta * n / total
-    m2 = stats.m2 + batch_m2 + jnp.square(delta) * stats.count * n / total
+    safe_total = jnp.maximum(total, 1.0)
+    mean = stats.mean + delta * n / safe_total
+    m2 = stats.m2 + batch_m2 + jnp.square(delta) * stats.count * n / safe_total
     return RunningStats(total, mean, m2)
+
+
+def root_mean_square(stats: RunningStats) -> jax.Array:
+    """sqrt(mean^2 + variance) of what `stats` saw [D]; 1 until two values were seen."""
+    var = stats.m2 / jnp.maximum(stats.count, 1.0)
+    return jnp.where(stats.count > 1, jnp.sqrt(jnp.square(stats.mean) + var + _EPS), 1.0)
 
 
 def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:

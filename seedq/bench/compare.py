@@ -126,25 +126,39 @@ def tidy_row(name: str, config: TrainConfig, summary: dict, actors: list[dict], 
 
 
 def read_curve(logdir: str) -> list[dict]:
-    """[{frames, seconds, return}] at every progress tick of a run."""
+    """[{frames, seconds, return, episodes}] at every progress tick of a run
+    (`return`: the mean over the last return_window episodes, fewer before
+    `episodes` reaches it)."""
     from seedq.learner.events import read_scalars
 
     scalars = read_scalars(logdir)
     seconds = dict(scalars.get("time/elapsed_seconds", []))
+    episodes = dict(scalars.get("episode/count", []))
     return [
-        {"frames": step, "seconds": seconds[step], "return": value}
+        {"frames": step, "seconds": seconds[step], "return": value, "episodes": episodes.get(step)}
         for step, value in scalars.get("episode/return_mean", [])
         if step in seconds
     ]
 
 
-def run_one(base: TrainConfig, name: str, seed: int, out: str, *, timeout: float,
-            watts_per_core: float, grams_co2_per_kwh: float, log=print) -> tuple[dict, list[dict]]:
-    """Runs one configuration in a fresh `seedq train` process; returns (row, curve rows)."""
+@dataclasses.dataclass
+class FinishedRun:
+    """What one `seedq train` process left behind (`train_in_fresh_process`)."""
+
+    config: TrainConfig
+    summary: dict
+    actors: list[dict]  # <logdir>/actors/*.json
+    curve: list[dict]  # read_curve(logdir)
+    cpu_seconds: float  # the learner's and, through it, its actors'
+    load_avg: float  # 1-minute load average at the start
+    command_seconds: float
+
+
+def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str) -> FinishedRun:
+    """Runs `config` as a fresh `seedq train` process (only the flags that differ
+    from the env's defaults); raises RuntimeError naming `what` if it fails."""
     from seedq.cli import config_flags
 
-    logdir = os.path.join(out, "runs", f"{name}-seed{seed}")
-    config = run_config(base, name, seed, logdir)
     config.validate()
     cmd = [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), "--quiet"]
     load_avg = os.getloadavg()[0]
@@ -153,20 +167,28 @@ def run_one(base: TrainConfig, name: str, seed: int, out: str, *, timeout: float
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     after = os.times()
     if result.returncode != 0:
-        raise RuntimeError(f"{name} seed {seed} failed (exit {result.returncode}): "
+        raise RuntimeError(f"{what} failed (exit {result.returncode}): "
                            f"{(result.stderr or result.stdout).strip()[-2000:]}")
     # Children's CPU: the learner and, through it, its actor processes (waited for).
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    summary = read_json(os.path.join(logdir, "summary.json"))
+    logdir = config.logdir
     actors = [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(logdir, "actors", "*.json")))) if s]
-    curve = read_curve(logdir)
-    row = tidy_row(name, config, summary, actors, curve, cpu, watts_per_core=watts_per_core,
-                   grams_co2_per_kwh=grams_co2_per_kwh, load_avg=load_avg)
+    return FinishedRun(config, read_json(os.path.join(logdir, "summary.json")), actors, read_curve(logdir),
+                       cpu, load_avg, time.monotonic() - started)
+
+
+def run_one(base: TrainConfig, name: str, seed: int, out: str, *, timeout: float,
+            watts_per_core: float, grams_co2_per_kwh: float, log=print) -> tuple[dict, list[dict]]:
+    """Runs one configuration in a fresh `seedq train` process; returns (row, curve rows)."""
+    logdir = os.path.join(out, "runs", f"{name}-seed{seed}")
+    run = train_in_fresh_process(run_config(base, name, seed, logdir), timeout=timeout, what=f"{name} seed {seed}")
+    row = tidy_row(name, run.config, run.summary, run.actors, run.curve, run.cpu_seconds,
+                   watts_per_core=watts_per_core, grams_co2_per_kwh=grams_co2_per_kwh, load_avg=run.load_avg)
     log(f"{name} seed {seed}: {row['frames']:,} frames in {row['wall_seconds']:.1f}s, return "
         f"{row['return'] if row['return'] is None else round(row['return'], 1)}, "
         f"target {'at %.1fs' % row['seconds_to_target'] if row['reached_target'] else 'not reached'} "
-        f"(command {time.monotonic() - started:.1f}s, load {load_avg:.1f})")
-    return row, [{"config": name, "seed": seed, **p} for p in curve]
+        f"(command {run.command_seconds:.1f}s, load {run.load_avg:.1f})")
+    return row, [{"config": name, "seed": seed, **p} for p in run.curve]
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -193,7 +193,7 @@ class Soak:
             "--num-actors", str(c.actors), "--envs-per-actor", str(c.envs_per_actor),
             "--seed", str(c.seed),
             # Trains for the whole soak: the soak watches the target itself.
-            "--target-return", "0", "--max-seconds", "0", "--max-frames", "0",
+            "--target-return", "none", "--max-seconds", "0", "--max-frames", "0",
             "--checkpoint-every-seconds", str(c.checkpoint_every_seconds),
             "--stats-every-seconds", str(STATS_EVERY_SECONDS), "--eval-episodes", "0",
             *c.learner_args,

@@ -12,7 +12,18 @@ Every command takes the same environment ids:
   DeepMind Control suite task through Farama's shimmy adapter, with the
   observation dict flattened to one float32 vector;
 * `factory:<module>:<function>`: `function()` from an importable module
-  returns a gymnasium Env (for envs that are not registered).
+  returns a gymnasium Env (for envs that are not registered);
+* `MinAtar/<Game>-v1` (Asterix, Breakout, Freeway, Seaquest, SpaceInvaders):
+  the `minatar` package's own gymnasium registrations, bool [10, 10, C]
+  observations. `-v1` plays the game's minimal action set (3 to 6 actions),
+  as the MinAtar paper's agents do; `-v0` all 6 actions.
+
+Observations that are not a Box (Discrete, MultiDiscrete, MultiBinary, and
+Dict / Tuple of these and Boxes) are flattened in the env, on the actor side,
+into one float32 vector (gymnasium's FlattenObservation: one-hot for
+Discrete), so the handshake and the networks see a plain vector. A space that
+does not flatten into a vector (Text, Graph, Sequence) is refused with a
+ValueError naming it.
 
 Box action spaces are clipped to their bounds before the env sees them
 (gymnasium's ClipAction), so Gaussian policies can sample freely.
@@ -53,7 +64,18 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
+def _register_minatar() -> None:
+    """MinAtar/<Game>-v0 and -v1, registered by the minatar package itself."""
+    try:
+        from minatar import gym as minatar_gym
+    except ImportError:  # minatar is a dependency; only a broken install lands here
+        return
+    if "MinAtar/Breakout-v1" not in gym.registry:
+        minatar_gym.register_envs()
+
+
 _register_ale()
+_register_minatar()
 
 
 def env_kind(env_id: str) -> str:
@@ -70,7 +92,11 @@ def env_kind(env_id: str) -> str:
 
 def _gym_spec(env_id: str):
     try:
-        return gym.spec(env_id)
+        # gym.make imports `module` of a `module:Env-v0` id itself; gym.spec does not.
+        module, sep, name = env_id.partition(":")
+        if sep:
+            importlib.import_module(module)
+        return gym.spec(name if sep else env_id)
     except (gym.error.Error, ModuleNotFoundError) as e:
         raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
 
@@ -95,12 +121,49 @@ def make_env(
         env = _make_atari_single(env_id, options.atari, render_mode)
     else:
         try:
-            env = gym.make(env_id, render_mode=render_mode)
+            # render_mode only when asked for: envs without rendering need not take it.
+            env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
         except gym.error.Error as e:
             raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
+    env = flat_observations(env, env_id)
     if clip_actions and isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.ClipAction(env)
     return env
+
+
+def flat_observations(env: gym.Env, env_id: str) -> gym.Env:
+    """`env` unchanged where it observes a Box; else its observations flattened
+    into one float32 vector (one-hot Discrete parts). Raises ValueError for a
+    space no vector can hold."""
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box):
+        return env
+    if not _vector_like(space):
+        env.close()
+        raise ValueError(
+            f"{env_id}: observation space {space} is not supported: seedq takes Box, Discrete, "
+            "MultiDiscrete, MultiBinary observations and Dict/Tuple of these"
+        )
+    flat = gym.spaces.flatten_space(space)
+    env = gym.wrappers.FlattenObservation(env)
+    return gym.wrappers.TransformObservation(
+        env,
+        lambda obs: np.asarray(obs, np.float32),
+        gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32),
+    )
+
+
+def _vector_like(space: gym.spaces.Space) -> bool:
+    """Whether `space` flattens into a fixed vector of numbers that mean something
+    to a network. (gymnasium also flattens Text, into character indices, which
+    no network here reads as text; Graph and Sequence have no fixed size.)"""
+    if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return True
+    if isinstance(space, gym.spaces.Dict):
+        return all(_vector_like(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return all(_vector_like(s) for s in space.spaces)
+    return False
 
 
 def make_vector_env(
@@ -121,7 +184,8 @@ def make_vector_env(
         env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, options) for _ in range(num_envs)])
     else:
         spec = _gym_spec(env_id)
-        if spec.vector_entry_point is not None:
+        # Envs whose observations need flattening (make_env) use the loop of single envs.
+        if spec.vector_entry_point is not None and _observes_box(env_id):
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
         else:
             env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, options) for _ in range(num_envs)])
@@ -134,6 +198,23 @@ def make_vector_env(
     if seed is not None:
         env.reset(seed=seed)
     return env
+
+
+def _observes_box(env_id: str) -> bool:
+    env = gym.make(env_id)
+    try:
+        return isinstance(env.observation_space, gym.spaces.Box)
+    finally:
+        env.close()
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The return gymnasium registers as solving `env_id` (CartPole-v1 475,
+    Acrobot-v1 -100, ...); None where it registers none (and for dmc:/factory: ids)."""
+    if env_kind(env_id) in ("dmc", "factory"):
+        return None
+    threshold = _gym_spec(env_id).reward_threshold
+    return None if threshold is None else float(threshold)
 
 
 def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:

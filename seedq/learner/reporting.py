@@ -101,7 +101,7 @@ class RunReporter:
 
     def stop_reason(self) -> str | None:
         cfg = self.config
-        if cfg.target_return and self.frames_to_target is not None:
+        if cfg.target_return is not None and self.frames_to_target is not None:
             return "target_return"
         if cfg.max_seconds and self.elapsed() >= cfg.max_seconds:
             return "max_seconds"
@@ -110,7 +110,7 @@ class RunReporter:
         return None
 
     def _check_target(self) -> None:
-        if self.frames_to_target is not None or not self.config.target_return:
+        if self.frames_to_target is not None or self.config.target_return is None:
             return
         _, mean_return, _, window_full = self.learner.episodes.snapshot()
         if window_full and mean_return >= self.config.target_return:
@@ -352,6 +352,7 @@ class RunReporter:
             return
         ret = "-" if mean_return is None else f"{mean_return:7.1f}"
         loss = metrics.get("loss/total")
+        entropy = metrics.get("policy/entropy")
         p99 = "-" if latency is None else f"{1e3 * latency[1]:.1f}ms"
         waiting = (
             f" | waiting for actors {learner.table.num_connected}/{self.config.min_actors}"
@@ -366,6 +367,8 @@ class RunReporter:
             f"| actors {learner.table.num_connected} "
             f"| {self.config.precision}"
             + ("" if loss is None else f" | loss {loss:8.4f}")
+            # A policy collapsing to one action shows here first (learning health).
+            + ("" if entropy is None else f" | entropy {entropy:5.3f}")
             + waiting
         )
         if self._live is not None:
@@ -435,12 +438,15 @@ class RunReporter:
         os.replace(path + ".tmp", path)
         self.writer.close()
         if not self.quiet:
-            target = (
-                f"target {self.config.target_return:g} reached after {self.seconds_to_target:.1f}s, "
-                f"{self.frames_to_target:,} frames"
-                if self.frames_to_target is not None
-                else f"target {self.config.target_return:g} not reached"
-            )
+            if self.config.target_return is None:
+                target = "no target"
+            elif self.frames_to_target is not None:
+                target = (
+                    f"target {self.config.target_return:g} reached after {self.seconds_to_target:.1f}s, "
+                    f"{self.frames_to_target:,} frames"
+                )
+            else:
+                target = f"target {self.config.target_return:g} not reached"
             print(
                 f"done ({stop_reason}): {learner.table.frames:,} frames in {wall:.1f}s; {target}; "
                 f"run directory {self.config.logdir}",

@@ -34,7 +34,7 @@ import optax
 
 from seedq.agents.base import SequenceSpec, StepFieldSpec
 from seedq.agents.frames import frame_stacker
-from seedq.agents.networks import resolve_network
+from seedq.agents.networks import choose_network
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
@@ -87,7 +87,7 @@ class R2D2Agent:
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network = RecurrentQNetwork(
-            torso=resolve_network(config.network, pixels=len(self.obs_shape) == 3),
+            torso=choose_network(config.network, self.obs_shape),
             num_actions=spec.num_actions,
             hidden_sizes=tuple(config.hidden_sizes),
             lstm_size=config.lstm_size,

@@ -25,9 +25,9 @@ import optax
 
 from seedq import quant
 from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
-from seedq.agents import normalization
+from seedq.agents import health, normalization
 from seedq.agents.frames import frame_stacker
-from seedq.agents.networks import resolve_network
+from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
 from seedq.config import VTraceConfig
@@ -38,6 +38,23 @@ class LearnerState(NamedTuple):
     params: Any
     opt_state: Any
     step: jax.Array
+
+
+# Parameter entries that are statistics, not network variables (no gradient;
+# replaced after every update).
+STATISTICS = ("obs_stats", "return_stats")
+# The loss's batch statistics of the discounted return (not a logged metric).
+RETURN_BATCH = "_return_batch"
+
+
+def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
+    """Learning rate by train step: constant, or linear to 0 over
+    `learning_rate_decay_frames` trained frames (batch_size x unroll_length per step)."""
+    if not config.learning_rate_decay_frames:
+        return optax.constant_schedule(config.learning_rate)
+    frames_per_step = config.batch_size * config.unroll_length
+    steps = max(config.learning_rate_decay_frames // frames_per_step, 1)
+    return optax.linear_schedule(config.learning_rate, 0.0, steps)
 
 
 class VTraceAgent:
@@ -66,7 +83,7 @@ class VTraceAgent:
         self.config = config
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
-        self.network_name = resolve_network(config.network, pixels=len(self.obs_shape) == 3)
+        self.network_name = choose_network(config.network, self.obs_shape)
         # Running observation statistics live in the parameters as params["obs_stats"]
         # (no gradient; replaced after every update), so they are checkpointed
         # and published with the network.
@@ -85,9 +102,13 @@ class VTraceAgent:
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )
+        self.learning_rate = learning_rate_schedule(config)
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adam(config.learning_rate, eps=config.adam_eps),
+            # A constant rate stays a float: its optimiser state (and so every
+            # checkpoint's layout) is the one runs had before schedules existed.
+            optax.adam(self.learning_rate if config.learning_rate_decay_frames else config.learning_rate,
+                       eps=config.adam_eps),
         )
         # Inference precision (training stays fp32): which layers the server
         # runs in int8, and the jitted fp32 -> published conversion.
@@ -97,9 +118,9 @@ class VTraceAgent:
 
     def _split(self, params):
         """(network variables, observation statistics or None)."""
+        net = {k: v for k, v in params.items() if k not in STATISTICS}
         if not self.normalize:
-            return params, None
-        net = {k: v for k, v in params.items() if k != "obs_stats"}
+            return net, None
         return net, normalization.RunningStats(**params["obs_stats"])
 
     def _normalized(self, stats, obs):
@@ -141,6 +162,8 @@ class VTraceAgent:
         if self.normalize:
             dim = int(np.prod(self.spec.obs_shape))
             params = {**params, "obs_stats": normalization.init_stats(dim)._asdict()}
+        if self.config.normalize_returns:
+            params = {**params, "return_stats": normalization.init_stats(1)._asdict()}
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
@@ -175,14 +198,18 @@ class VTraceAgent:
     # --- learning ---
 
     def _unroll_network(self, params, batch: dict[str, jax.Array]):
-        """Distribution params {k: [T+1, B, ...]} and values [T+1, B] along batch-major unrolls."""
+        """Distribution params {k: [T+1, B, ...]}, values [T+1, B] along batch-major
+        unrolls, and the MLP torsos' hidden activations {torso: ([N, H] per layer)}, the
+        policy's torso first (empty for CNNs)."""
         params, stats = self._split(params)
         obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
-        dist, values, _ = self.network.apply(
-            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry
+        (dist, values, _), sown = self.network.apply(
+            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry,
+            mutable=["intermediates"],
         )
-        return dist, values
+        torsos = sown.get("intermediates", {})
+        return dist, values, {name: sown_layers["activations"] for name, sown_layers in torsos.items()}
 
     def loss(self, params, batch: dict[str, jax.Array]):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...]."""
@@ -190,13 +217,18 @@ class VTraceAgent:
         tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
         tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
         chex.assert_rank(tm["reward"], 2)
-        dist, values = self._unroll_network(params, batch)
+        dist, values, activations = self._unroll_network(params, batch)
 
         actions = tm["action"][:-1]
         rewards = tm["reward"][1:]
         if cfg.reward_clip > 0:
             rewards = jnp.clip(rewards, -cfg.reward_clip, cfg.reward_clip)
         rewards = rewards * cfg.reward_scale
+        if cfg.normalize_returns:
+            return_rms = normalization.root_mean_square(
+                jax.lax.stop_gradient(normalization.RunningStats(**params["return_stats"]))
+            )[0]
+            rewards = rewards / return_rms
         discounts = cfg.discount * (1.0 - tm["terminated"][1:].astype(jnp.float32))
         # x_t was a final observation: the env reset instead of taking a_t.
         valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1]).astype(jnp.float32)
@@ -229,8 +261,39 @@ class VTraceAgent:
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy_loss,
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
+            **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
+        if cfg.normalize_returns:
+            # This batch's discounted returns in reward units, merged into the statistics by `update`.
+            returns = (vt.targets * return_rms).reshape(-1, 1)
+            metrics[RETURN_BATCH] = normalization.batch_stats(returns, valid.reshape(-1))
+            metrics["return/rms"] = return_rms
         return total, metrics
+
+    def _health(self, target_dist, values, advantages, activations, valid) -> dict[str, jax.Array]:
+        """Learning-health scalars (seedq.agents.health) of one batch: all [T, B] but
+        the distribution parameters [T, B, ...] and the torso's activations."""
+        entropy, _ = health.masked_mean_std(self.policy.entropy(target_dist), valid)
+        value_mean, value_std = health.masked_mean_std(values, valid)
+        abs_advantage, _ = health.masked_mean_std(jnp.abs(advantages), valid)
+        out = {
+            "policy/entropy": entropy,
+            "value/mean": value_mean,
+            "value/std": value_std,
+            "advantage/abs_mean": abs_advantage,
+        }
+        if "logits" in target_dist:
+            out["policy/logit_spread_across_states"] = health.spread_across_states(
+                target_dist["logits"], valid
+            )
+        # tanh MLP torsos, per layer; "torso/saturation": the last layer of the
+        # policy's torso, the features the heads read.
+        for torso, layers in activations.items():
+            for i, layer in enumerate(layers):
+                out[f"torso/saturation/{torso}/{i}"] = health.saturation([layer])
+        if activations:
+            out["torso/saturation"] = health.saturation([next(iter(activations.values()))[-1]])
+        return out
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch)
@@ -240,5 +303,11 @@ class VTraceAgent:
             obs = batch["obs"].reshape(-1, int(np.prod(self.spec.obs_shape)))
             stats = normalization.update_stats(self._split(state.params)[1], obs)
             params = {**params, "obs_stats": stats._asdict()}
+        if self.config.normalize_returns:
+            stats = normalization.merge(
+                normalization.RunningStats(**state.params["return_stats"]), metrics.pop(RETURN_BATCH)
+            )
+            params = {**params, "return_stats": stats._asdict()}
         metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["learning_rate"] = self.learning_rate(state.step)
         return LearnerState(params, opt_state, state.step + 1), metrics

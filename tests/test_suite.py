@@ -1,0 +1,86 @@
+"""`seedq bench suite`: scoring against the references, and one real (tiny) suite run."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from seedq.bench import references, suite
+from seedq.config import TrainConfig
+
+
+def test_normalised_score_puts_random_at_0_and_the_reference_at_1():
+    assert references.normalised(-86.0, -500.0, -86.0) == pytest.approx(1.0)
+    assert references.normalised(-500.0, -500.0, -86.0) == pytest.approx(0.0)
+    assert references.normalised(-293.0, -500.0, -86.0) == pytest.approx(0.5)
+    assert references.normalised(None, -500.0, -86.0) is None
+
+
+def test_every_reference_has_a_budget_and_a_source():
+    for ref in references.SUITE.values():
+        assert ref.frames > 0 and ref.source
+    assert set(references.DEFAULT_ENVS) <= set(references.SUITE)
+
+
+def test_result_row_counts_only_full_windows_and_the_first_tick_at_the_reference():
+    config = suite.run_config(TrainConfig(), "Acrobot-v1", 2, 500_000, "/tmp/out")
+    assert (config.target_return, config.max_seconds, config.max_frames) == (None, 0.0, 500_000)
+    curve = [
+        {"frames": 1000, "seconds": 1.0, "return": -80.0, "episodes": 5},  # window not full yet
+        {"frames": 9000, "seconds": 9.0, "return": -300.0, "episodes": 100},
+        {"frames": 20000, "seconds": 20.0, "return": -85.0, "episodes": 180},
+        {"frames": 30000, "seconds": 30.0, "return": -90.0, "episodes": 300},
+    ]
+    summary = {"frames": 30000, "wall_seconds": 31.0, "mean_return_last100": -90.0, "eval": {"mean": -70.0}}
+    row = suite.result_row(config, summary, curve, random=-500.0)
+    assert row["best_return"] == -85.0
+    assert (row["frames_to_reference"], row["seconds_to_reference"]) == (20000, 20.0)
+    assert row["final_normalised"] == pytest.approx(410 / 414)
+    assert row["eval_normalised"] == pytest.approx(430 / 414)
+
+
+def test_budget_comes_from_the_table_scaled_or_overridden():
+    assert suite.budget("MinAtar/Breakout-v1") == 5_000_000
+    assert suite.budget("MinAtar/Breakout-v1", frames_scale=0.1) == 500_000
+    assert suite.budget("Pendulum-v1", max_frames=1234) == 1234
+    with pytest.raises(ValueError, match="not in the suite's table"):
+        suite.budget("MountainCar-v0")
+
+
+def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_path):
+    """Two fresh `seedq train` processes (CartPole, 2000 frames each): the suite's
+    files, then a rerun that trains nothing."""
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "seedq.cli", "bench", "suite", "--envs", "CartPole-v1", "--seeds", "2",
+           "--max-frames", "2000", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
+           "--random-episodes", "5", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[1/2] CartPole-v1 seed 0: training 2,000 frames" in result.stdout
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [r["seed"] for r in rows] == ["0", "1"] and all(int(r["frames"]) >= 2000 for r in rows)
+    assert float(rows[0]["reference"]) == 490.0 and rows[0]["random_return"]
+    # The runs had no target and no time limit: only the frame budget stopped them.
+    config = json.loads((out / "runs" / "CartPole-v1-seed1" / "config.json").read_text())
+    assert (config["target_return"], config["max_seconds"], config["seed"]) == (None, 0.0, 1)
+    assert list(csv.DictReader(open(out / "curves.csv")))
+    assert "| CartPole-v1 | 2 | 490" in (out / "summary.md").read_text()
+    assert (out / "CartPole-v1.png").stat().st_size > 0
+    assert json.loads((out / "random.json").read_text())["CartPole-v1"]["episodes"] == 5
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "[2/2] CartPole-v1 seed 1: finished before, skipped" in again.stdout
+    assert "training" not in again.stdout
+    assert list(csv.DictReader(open(out / "results.csv"))) == rows
+
+
+def test_suite_refuses_a_single_env_flag(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "bench", "suite", "--env", "CartPole-v1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1 and "the suite takes --envs" in result.stderr
+    assert "Traceback" not in result.stderr
