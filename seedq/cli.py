@@ -27,8 +27,18 @@ def _flag(prefix: str, name: str) -> str:
     return "--" + prefix + name.replace("_", "-").rstrip("-")
 
 
-# What an optional field's "none" parses to: None itself means "flag not given".
-NONE_GIVEN = "none"
+# An optional field's flag spells "no value" as `none`; it parses to this
+# sentinel, since None itself means "flag not given". (An object of its own,
+# never a string: a str field's value "none" is a real value.)
+NONE_WORD = "none"
+
+
+class _NoneGiven:
+    def __repr__(self) -> str:
+        return NONE_WORD
+
+
+NONE_GIVEN = _NoneGiven()
 
 
 def _parser_for(hint):
@@ -39,7 +49,7 @@ def _parser_for(hint):
         parse_inner = _parser_for(inner)
 
         def parse_optional(text: str):
-            return NONE_GIVEN if text.lower() == "none" else parse_inner(text)
+            return NONE_GIVEN if text.lower() == NONE_WORD else parse_inner(text)
 
         parse_optional.__name__ = inner.__name__  # argparse names the type in its errors
         return parse_optional
@@ -189,7 +199,7 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
             elif isinstance(value, bool):
                 text = str(value).lower()
             elif value is None:
-                text = NONE_GIVEN
+                text = NONE_WORD
             else:
                 text = str(value)
             flags += [_flag(prefix, field.name), text]
