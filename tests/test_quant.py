@@ -516,6 +516,7 @@ def test_plan_keeps_int8_only_where_it_was_faster():
     assert plan.publish_layers() == {a: {"equalize": True, "keep_fp32": True}, b: {"equalize": True}}
     assert plan.mac_shares() == {8: 0.3, 64: 0.4}
     assert plan.to_dict()["int8_layers"] == {"8": ["b"], "64": ["a", "b"]}
+    assert plan.to_dict()["fp32_layers"] == {"8": ["a", "c", "d"], "64": ["c", "d"]}
 
 
 class _SmallCnn(nn.Module):

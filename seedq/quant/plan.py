@@ -117,11 +117,16 @@ class Int8Plan:
         return f"int8 MAC share per batch size{' (forced)' if self.forced else ''}: {shares}"
 
     def to_dict(self) -> dict:
-        """JSON-ready: MAC shares and int8 layers per batch size."""
+        """JSON-ready: MAC shares, and the int8 layers and the quantizable
+        layers kept fp32, per batch size."""
+        def names(paths):
+            return sorted("/".join(p) for p in paths)
+
         return {
             "forced": self.forced,
             "mac_share": {str(b): s for b, s in self.mac_shares().items()},
-            "int8_layers": {str(b): sorted("/".join(p) for p in paths) for b, paths in sorted(self.int8.items())},
+            "int8_layers": {str(b): names(paths) for b, paths in sorted(self.int8.items())},
+            "fp32_layers": {str(b): names(set(self.options) - paths) for b, paths in sorted(self.int8.items())},
         }
 
 
