@@ -117,8 +117,8 @@ class Int8Plan:
         return f"int8 MAC share per batch size{' (forced)' if self.forced else ''}: {shares}"
 
     def to_dict(self) -> dict:
-        """JSON-ready: MAC shares, and the int8 layers and the quantizable
-        layers kept fp32, per batch size."""
+        """JSON-ready, per batch size: MAC share, int8 layers, quantizable
+        layers kept fp32, and the layer timings."""
         def names(paths):
             return sorted("/".join(p) for p in paths)
 
@@ -127,6 +127,12 @@ class Int8Plan:
             "mac_share": {str(b): s for b, s in self.mac_shares().items()},
             "int8_layers": {str(b): names(paths) for b, paths in sorted(self.int8.items())},
             "fp32_layers": {str(b): names(set(self.options) - paths) for b, paths in sorted(self.int8.items())},
+            # The measurement behind it: median ms per call of each layer alone.
+            "layer_ms": {
+                str(b): {"/".join(p): {k: None if t is None else 1e3 * t for k, t in times.items()}
+                         for p, times in sorted(row.items())}
+                for b, row in sorted(self.seconds.items())
+            },
         }
 
 
