@@ -4,7 +4,9 @@ On a CPU an int8 layer is not always faster than its fp32 form: for small
 matmuls at small batch sizes the per-row input quantization and the rescale
 cost more than the narrower multiply saves. So the int8 mode times every
 quantizable layer alone in fp32 and in int8 at each padded batch size the
-server runs (`measure_layer_seconds`: interleaved rounds, median), keeps a
+server runs (`measure_layer_seconds`: 7 interleaved rounds of ~30 ms each,
+median; a first sitting with 5 rounds of ~10 ms flipped layers that are
+clearly faster in int8 to fp32 at load 10 on 2 cores), keeps a
 layer in int8 at a batch size only where int8 was faster (`choose_int8_layers`,
 a pure function of the timings) and fixes that plan for the run. `force`
 puts every quantizable layer in int8 (tests and comparisons).
@@ -172,7 +174,7 @@ def _time_layer(layer: ql.LayerInfo, node: dict, equalize: bool, batch: int, *, 
 
 
 def measure_layer_seconds(layers: list[ql.LayerInfo], params, options: Mapping[Path, dict],
-                          batches: Iterable[int], *, rounds: int = 5, budget_s: float = 0.05,
+                          batches: Iterable[int], *, rounds: int = 7, budget_s: float = 0.2,
                           seed: int = 0) -> dict[int, dict[Path, dict]]:
     """{batch: {path: {"fp32": s, "int8": s}}} for every layer in `options`.
 
@@ -200,7 +202,7 @@ def measure_layer_seconds(layers: list[ql.LayerInfo], params, options: Mapping[P
 
 
 def make_plan(layers: list[ql.LayerInfo], params, batches: Iterable[int], *, force: bool = False,
-              rounds: int = 5, budget_s: float = 0.05) -> Int8Plan:
+              rounds: int = 7, budget_s: float = 0.2) -> Int8Plan:
     """Measures (unless `force`) and returns the int8 plan for these batch sizes.
 
     `layers` is `find_layers(network, ...)`; `params` the network's fp32
