@@ -544,6 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--mlp-input", type=int, default=64, help="observation size of the mlp net")
     inf.add_argument("--num-actions", type=int, default=6, help="policy head size")
     inf.add_argument("--seed", type=int, default=0, help="parameter initialisation and data seed")
+    inf.add_argument("--quant.force-int8", dest="force_int8", action="store_true",
+                     help="int8 in every quantizable layer instead of the measured per-layer plan")
     inf.add_argument("--profile", action="store_true", help="add per-layer timings (fp32 vs int8 per layer)")
     inf.add_argument("--profile-batch", type=_csv(int), default="64", help="batch sizes of the per-layer profile")
     inf.add_argument(
@@ -696,6 +698,7 @@ def _bench_inference(args) -> int:
             mlp_input=args.mlp_input,
             profile=args.profile,
             profile_batches=args.profile_batch,
+            force_int8=args.force_int8,
             log=log,
         ))
     except ValueError as e:

@@ -125,6 +125,21 @@ def check_channel(keepalive_seconds: float, peer_timeout_seconds: float, prefix:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """int8 inference (precision=int8): which layers run in int8.
+
+    By default the learner times every quantizable layer in fp32 and int8 at
+    each padded batch size of the server at start-up and keeps a layer in
+    int8 only where int8 was faster (seedq.quant.plan); the progress line and
+    summary.json report the share of multiply-accumulates that run in int8.
+    """
+
+    # Every quantizable layer in int8 at every batch size, measured or not
+    # (tests and comparisons).
+    force_int8: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class AtariConfig:
     """Preprocessing of ALE/* envs (ale_py's vector env, in the actor) and their rewards.
 
@@ -344,6 +359,7 @@ class TrainConfig:
     server: ServerConfig = ServerConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    quant: QuantConfig = QuantConfig()
     atari: AtariConfig = AtariConfig()
     dmc: DmcConfig = DmcConfig()
     vtrace: VTraceConfig = VTraceConfig()
@@ -369,6 +385,10 @@ class TrainConfig:
             raise ValueError(
                 f"architecture='impala' needs agent='vtrace' (got agent={self.agent!r}): "
                 "IMPALA actors send on-policy unrolls for V-trace"
+            )
+        if self.quant.force_int8 and self.precision != "int8":
+            raise ValueError(
+                f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"
             )
         if self.agent == "r2d2" and self.precision != "fp32":
             raise ValueError(

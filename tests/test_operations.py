@@ -327,6 +327,7 @@ class _FakeLearner:
         self.publish_seconds_total, self.publishes = 0.0, 0
         self.waiting_for_actors = False
         self.batches = None
+        self.agent = SimpleNamespace(int8_plan=None)  # fp32: no int8 plan
 
     def advance(self):
         self.table.frames += 5000

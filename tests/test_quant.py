@@ -3,9 +3,10 @@
 Numerics of the quantizer (round-trip bounds, zero/constant channels, scales
 never zero), the published parameter pytrees, the int8 convolution
 implementations (exactly equal to each other and to a float convolution of
-the same integers), closeness of bf16/int8 networks to fp32, and greedy
+the same integers), closeness of bf16/int8 networks to fp32, greedy
 action agreement on real Atari frames (random CNNs) and on a trained
-CartPole policy.
+CartPole policy, and the per-layer int8/fp32 plan (seedq.quant.plan) from
+injected timings.
 """
 
 import json
@@ -24,6 +25,7 @@ from seedq import config as config_lib
 from seedq import quant
 from seedq.agents import networks
 from seedq.quant import layers as qlayers
+from seedq.quant import plan as qplan
 from seedq.quant import quantize as qz
 
 RNG = np.random.default_rng(1234)
@@ -437,6 +439,11 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["precision"] == "int8"
+    # The measured per-layer plan, one MAC share per padded batch size of the server.
+    shares = summary["int8_plan"]["mac_share"]
+    assert set(shares) == {"8", "16", "32", "64", "128", "256"}, summary["int8_plan"]
+    assert all(0.0 <= s <= 1.0 for s in shares.values()), shares
+    assert summary["int8_plan"]["forced"] is False
     # Bounded by frames, not seconds, so a slow or busy machine does not fail it (a
     # 200k-frame budget once stopped at a mean of 80 on CI); random play scores ~22.
     assert summary["reached_target"], summary
@@ -483,3 +490,135 @@ def test_bench_inference_cli_reports_ratios_and_errors():
         assert 0.0 <= r["argmax_agreement"] <= 1.0
     assert rows[(16, "fp32")]["ratio_to_fp32"] == 1.0
     assert rows[(16, "fp32")]["max_rel_logit_error"] == 0.0
+
+
+# --- the per-layer int8/fp32 plan (issue 16) ---------------------------------------------
+
+
+def test_plan_keeps_int8_only_where_it_was_faster():
+    a, b, c, d = ("a",), ("b",), ("c",), ("d",)
+    seconds = {
+        8: {a: {"fp32": 1.0, "int8": 2.0}, b: {"fp32": 1.0, "int8": 0.5},
+            c: {"fp32": 1.0, "int8": 1.0}, d: {"fp32": 1.0, "int8": None}},
+        64: {a: {"fp32": 3.0, "int8": 1.0}, b: {"fp32": 1.0, "int8": 0.9},
+             c: {"fp32": 1.0, "int8": 1.1}, d: {"fp32": 1.0, "int8": None}},
+    }
+    chosen = qplan.choose_int8_layers(seconds)
+    # Slower, equal, or not compiled: fp32.
+    assert chosen == {8: frozenset({b}), 64: frozenset({a, b})}
+
+    options = {p: {"equalize": True} for p in (a, b, c, d)}
+    plan = qplan.Int8Plan(chosen, {a: 10, b: 30, c: 50, d: 10}, options, seconds=seconds)
+    # A call is served by the smallest planned size >= its batch, else the largest.
+    assert [plan.batch_for(n) for n in (1, 8, 9, 64, 300)] == [8, 8, 64, 64, 64]
+    assert plan.layers_for(20) == frozenset({a, b})
+    # Always int8: int8 only; sometimes: both forms; never: not quantized at all.
+    assert plan.publish_layers() == {a: {"equalize": True, "keep_fp32": True}, b: {"equalize": True}}
+    assert plan.mac_shares() == {8: 0.3, 64: 0.4}
+    assert plan.to_dict()["int8_layers"] == {"8": ["b"], "64": ["a", "b"]}
+    assert plan.to_dict()["fp32_layers"] == {"8": ["a", "c", "d"], "64": ["c", "d"]}
+
+
+class _SmallCnn(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(8, (3, 3), strides=(2, 2), padding="VALID")(x))
+        x = nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
+        return nn.Dense(3, name="policy")(x)
+
+
+def test_mac_share_counts_every_layer_from_its_shape():
+    layers = quant.find_layers(_SmallCnn(), np.zeros((1, 9, 9, 4), np.float32))
+    macs = {layer.path: qplan.layer_macs(layer) for layer in layers}
+    # Conv: 4x4 outputs x (3*3*4) inputs x 8 channels; Dense: (4*4*8) x 16; policy: 16 x 3.
+    assert macs == {("Conv_0",): 16 * 36 * 8, ("Dense_0",): 128 * 16, ("policy",): 48}
+    # The output layer stays fp32 and still counts in the total.
+    assert qplan.mac_share(macs, quant.quantizable_paths(layers)) == pytest.approx(6656 / 6704)
+    assert qplan.mac_share(macs, [("Conv_0",)]) == pytest.approx(4608 / 6704)
+    assert qplan.mac_share(macs, []) == 0.0
+    # SAME padding, stride 1: every input pixel is an output pixel.
+    same = quant.find_layers(nn.Conv(5, (3, 3), padding="SAME"), np.zeros((1, 6, 7, 2), np.float32))
+    assert qplan.layer_macs(same[0]) == 6 * 7 * 9 * 2 * 5
+
+
+def test_force_int8_quantizes_every_quantizable_layer():
+    net = _net("nature_cnn")
+    params = net.init(0)
+    layers = quant.find_layers(net.net, net.example)
+    plan = quant.make_plan(layers, params, [8, 32], force=True)
+    quantizable = set(quant.quantizable_paths(layers))
+    assert plan.forced and plan.seconds == {}
+    assert plan.int8 == {8: frozenset(quantizable), 32: frozenset(quantizable)}
+    published = quant.publish(params, "int8", plan.publish_layers())
+    for path, node in _layer_dicts(published["params"]):
+        assert (qz.QKERNEL in node) == (path in quantizable), path
+        assert "kernel" not in node or path not in quantizable, path  # no fp32 copy kept
+    assert {layer.path[-1] for layer in layers if layer.path not in quantizable} == {"policy", "value"}
+
+
+def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
+    net = _net("nature_cnn")
+    params = net.init(2)
+    layers = quant.find_layers(net.net, net.example)
+    options = quant.quantizable_paths(layers)
+    convs = sorted(p for p in options if p[-1].startswith("Conv"))
+    # Injected timings: at 8 nothing pays, at BATCH the first two convolutions do.
+    seconds = {8: {p: {"fp32": 1.0, "int8": 2.0} for p in options},
+               BATCH: {p: {"fp32": 1.0, "int8": 0.5 if p in convs[:2] else 2.0} for p in options}}
+    plan = qplan.Int8Plan(qplan.choose_int8_layers(seconds), {l.path: qplan.layer_macs(l) for l in layers},
+                          options, seconds=seconds)
+    published = quant.publish(params, "int8", plan.publish_layers())
+    node = published["params"]
+    for key in convs[0]:
+        node = node[key]
+    assert {"kernel", qz.QKERNEL} <= set(node)  # int8 at one size, fp32 at the other
+    forward = jax.jit(lambda pub, obs, layers: quant.apply(net.net, pub, "int8", obs, conv_impl=CONV,
+                                                           int8_layers=layers), static_argnames="layers")
+    obs = _obs("nature_cnn", BATCH)
+    ref_logits, _ = net.forward["fp32"](params, obs)
+    logits, _ = forward(published, obs, plan.layers_for(BATCH))
+    rel = np.max(np.abs(logits - ref_logits)) / np.max(np.abs(ref_logits))
+    assert 0 < rel < 0.1, rel  # int8 layers ran, and stay close (tolerance as for full int8 above)
+    all_fp32, _ = forward(published, obs, plan.layers_for(8))
+    np.testing.assert_allclose(all_fp32, ref_logits, rtol=1e-5, atol=1e-6)
+
+
+def test_vtrace_agent_measures_a_plan_and_acts_with_it():
+    from seedq.agents.vtrace.agent import VTraceAgent
+    from seedq.envs import env_spec
+
+    agent = VTraceAgent(env_spec("CartPole-v1"), config_lib.VTraceConfig(), precision="int8")
+    state = agent.init(jax.random.PRNGKey(0))
+    plan = agent.plan_int8(state.params, [8, 16])
+    hidden = set(quant.quantizable_paths(agent._layers))
+    assert hidden and set(plan.seconds) == {8, 16}
+    for batch, row in plan.seconds.items():
+        assert set(row) == hidden
+        assert all(t["fp32"] > 0 and t["int8"] > 0 for t in row.values())
+    assert plan.int8 == qplan.choose_int8_layers(plan.seconds)  # the plan is what the timings say
+    obs = RNG.standard_normal((16, 4)).astype(np.float32)
+    actions, outputs, _, _ = jax.jit(agent.act)(
+        agent.inference_params(state), jax.random.PRNGKey(1), obs, np.zeros(16, bool), {}, {})
+    assert actions.shape == (16,) and outputs["logits"].shape == (16, 2)
+    assert VTraceAgent(env_spec("CartPole-v1"), config_lib.VTraceConfig()).plan_int8(state.params, [8]) is None
+
+
+def test_force_int8_needs_int8_precision():
+    with pytest.raises(ValueError, match="quant.force_int8 applies to precision='int8'"):
+        config_lib.TrainConfig(quant=config_lib.QuantConfig(force_int8=True)).validate()
+    config_lib.TrainConfig(precision="int8", quant=config_lib.QuantConfig(force_int8=True)).validate()
+
+
+def test_progress_line_and_summary_report_the_int8_mac_share():
+    from types import SimpleNamespace
+
+    from seedq.learner import reporting
+
+    a, b = ("a",), ("b",)
+    plan = qplan.Int8Plan({8: frozenset(), 64: frozenset({a}), 256: frozenset({a, b})},
+                          {a: 3, b: 1}, {a: {}, b: {}})
+    assert reporting._int8_share_text(SimpleNamespace(int8_plan=plan)) == " MACs 0-100%"
+    assert reporting._int8_plan(SimpleNamespace(int8_plan=plan))["mac_share"] == {
+        "8": 0.0, "64": 0.75, "256": 1.0}
+    assert reporting._int8_share_text(SimpleNamespace(int8_plan=None)) == ""
+    assert reporting._int8_plan(SimpleNamespace()) is None  # agents without int8 (r2d2)

@@ -5,8 +5,15 @@ and then timed in interleaved rounds (fp32, bf16, int8, fp32, ...), so load
 changes on a shared machine hit every precision alike; the reported time per
 call is the median over rounds (the best round is reported too).
 
-Accuracy is measured once per (network, precision) on a fixed evaluation set
-(real Atari frames for the CNNs, Gaussian vectors for the MLP) against fp32:
+int8 runs as the learner runs it: each layer in int8 only at the batch sizes
+where int8 timed faster than fp32 for it (the per-layer plan of
+`seedq.quant.plan`, measured here at the requested batch sizes; every
+quantizable layer with `--quant.force-int8`); each int8 row reports the share
+of the network's multiply-accumulates that ran in int8.
+
+Accuracy is measured per (network, precision, set of int8 layers) on a fixed
+evaluation set (real Atari frames for the CNNs, Gaussian vectors for the MLP)
+against fp32:
   * max_rel_logit_error = max over states and actions of |l_p - l_fp32|,
     divided by the largest |l_fp32| in the set
   * argmax_agreement = fraction of states whose greedy action equals fp32's.
@@ -29,6 +36,7 @@ import numpy as np
 from seedq import quant
 from seedq.agents import networks
 from seedq.quant import layers as qlayers
+from seedq.quant import quantize as quant_lib
 
 DEFAULT_ATARI_ENV = "ALE/Pong-v5"
 
@@ -202,22 +210,44 @@ def eval_inputs(name: str, n: int, *, frames: str, seed: int, mlp_input: int) ->
 
 
 class NetBench:
-    """One network at every precision: published params and jitted forward passes."""
+    """One network at every precision: published params and jitted forward passes.
+
+    int8 runs as the server runs it: with the per-layer plan measured at
+    `batches` (`seedq.quant.plan`; every quantizable layer with `force_int8`),
+    each batch size with its own set of int8 layers.
+    """
 
     def __init__(self, name: str, precisions, *, num_actions: int, seed: int, example: np.ndarray,
-                 mlp_hidden=(256, 256, 256)):
+                 mlp_hidden=(256, 256, 256), batches=(), force_int8: bool = False):
         self.name = name
         self.net = make_net(name, num_actions, mlp_hidden)
         self.params = self.net.init(jax.random.PRNGKey(seed), example[:1])
         self.layers = quant.find_layers(self.net, example[:1])
         paths = quant.quantizable_paths(self.layers)
+        self.plan = None
+        if "int8" in precisions and batches:
+            self.plan = quant.make_plan(self.layers, self.params, batches, force=force_int8)
+            paths = self.plan.publish_layers()
         self.published = {p: quant.publish(self.params, p, paths) for p in precisions}
         self.forward = {
-            p: jax.jit(lambda params, obs, p=p: quant.apply(self.net, params, p, obs)) for p in precisions
+            p: jax.jit(lambda params, obs, int8_layers=None, p=p: quant.apply(
+                self.net, params, p, obs, int8_layers=int8_layers), static_argnames="int8_layers")
+            for p in precisions
         }
 
-    def logits(self, precision: str, obs: np.ndarray) -> np.ndarray:
-        return np.asarray(self.forward[precision](self.published[precision], obs)[0])
+    def int8_layers(self, precision: str, batch: int):
+        """The layers run in int8 at `batch` (None: all published ones)."""
+        return self.plan.layers_for(batch) if precision == "int8" and self.plan is not None else None
+
+    def call(self, precision: str, obs, batch: int | None = None):
+        layers = None if batch is None else self.int8_layers(precision, batch)
+        return self.forward[precision](self.published[precision], obs, int8_layers=layers)
+
+    def logits(self, precision: str, obs: np.ndarray, batch: int | None = None) -> np.ndarray:
+        """Logits with the int8 layers of `batch` (the largest planned one by default)."""
+        if batch is None and self.plan is not None:
+            batch = max(self.plan.int8)
+        return np.asarray(self.call(precision, obs, batch)[0])
 
 
 def accuracy(reference: np.ndarray, logits: np.ndarray) -> dict:
@@ -288,6 +318,8 @@ def profile_layers(bench: NetBench, batch: int, precisions, *, rounds: int, budg
                 label = p if impl is None else f"int8:{impl}"
                 f = jax.jit(qlayers.layer_fn(layer, p, impl))
                 lp = _layer_params(bench.published[p], layer.path)
+                if p == "int8" and quant_lib.QKERNEL not in lp:  # kept fp32 by the plan
+                    lp = quant_lib.quantize_layer(lp, equalize=not layer.pixels)
                 variants[label] = (lambda f=f, lp=lp: f(lp, x))
         if "int8" in precisions and layer.quantizable and not layer.pixels:
             qf = jax.jit(quant.quantize_rows)
@@ -325,6 +357,7 @@ def run(
     mlp_input: int = 64,
     profile: bool = False,
     profile_batches=(64,),
+    force_int8: bool = False,
     log=None,
 ) -> dict:
     precisions = tuple(precisions)
@@ -333,27 +366,40 @@ def run(
     for p in precisions:
         if p not in quant.PRECISIONS:
             raise ValueError(f"precision {p!r}: choose from {', '.join(quant.PRECISIONS)}")
-    results, accuracy_rows, profile_rows = [], [], []
+    results, accuracy_rows, profile_rows, plans = [], [], [], {}
     for name in nets:
         if name not in networks.NETWORKS:
             raise ValueError(f"network {name!r}: choose from {', '.join(networks.NETWORKS)}")
         states = eval_inputs(name, eval_states, frames=frames, seed=seed, mlp_input=mlp_input)
+        started = time.perf_counter()
         bench = NetBench(name, precisions, num_actions=num_actions, seed=seed, example=states,
-                         mlp_hidden=mlp_hidden)
+                         mlp_hidden=mlp_hidden, batches=batches, force_int8=force_int8)
+        if bench.plan is not None:
+            plans[name] = {**bench.plan.to_dict(), "seconds_to_plan": time.perf_counter() - started}
+            if log:
+                log(f"{name:>10} {bench.plan.describe()}")
         reference = bench.logits("fp32", states)
+        accuracy_cache: dict = {}
+
+        def accuracy_of(p: str, batch: int) -> dict:
+            # The error of the layers int8 at `batch`, on the whole evaluation set.
+            key = (p, bench.int8_layers(p, batch))
+            if key not in accuracy_cache:
+                accuracy_cache[key] = accuracy(reference, bench.logits(p, states, batch))
+            return accuracy_cache[key]
+
         for p in precisions:
             row = {"net": name, "precision": p, **accuracy(reference, bench.logits(p, states))}
             accuracy_rows.append(row)
-        acc_by_p = {r["precision"]: r for r in accuracy_rows if r["net"] == name}
         for batch in batches:
             obs = jnp.asarray(np.resize(states, (batch,) + states.shape[1:]))
-            fns = {
-                p: (lambda p=p: bench.forward[p](bench.published[p], obs)) for p in precisions
-            }
+            fns = {p: (lambda p=p: bench.call(p, obs, batch)) for p in precisions}
             timing = time_side_by_side(fns, rounds, budget_s)
             base = timing["fp32"]["median_s"]
             for p in precisions:
                 t = timing[p]
+                acc = accuracy_of(p, batch)
+                share = bench.plan.mac_share(batch) if p == "int8" else None
                 results.append({
                     "net": name,
                     "batch": batch,
@@ -362,13 +408,15 @@ def run(
                     "best_ms_per_call": t["best_s"] * 1e3,
                     "samples_per_second": batch / t["median_s"],
                     "ratio_to_fp32": base / t["median_s"],
-                    "max_rel_logit_error": acc_by_p[p]["max_rel_logit_error"],
-                    "argmax_agreement": acc_by_p[p]["argmax_agreement"],
+                    "max_rel_logit_error": acc["max_rel_logit_error"],
+                    "argmax_agreement": acc["argmax_agreement"],
+                    "int8_mac_share": share,
                 })
                 if log:
                     r = results[-1]
                     log(f"{name:>10} batch {batch:>4} {p:>4}: {r['ms_per_call']:9.3f} ms "
-                        f"{r['samples_per_second']:10.0f}/s  x{r['ratio_to_fp32']:.2f} vs fp32")
+                        f"{r['samples_per_second']:10.0f}/s  x{r['ratio_to_fp32']:.2f} vs fp32"
+                        + ("" if share is None else f"  int8 MACs {100 * share:.0f}%"))
         if profile:
             for batch in profile_batches:
                 profile_rows += profile_layers(bench, batch, precisions, rounds=max(3, rounds // 2),
@@ -379,8 +427,11 @@ def run(
         "cpu_count": os.cpu_count(),
         "conv_policy": qlayers.default_conv_policy(),
         "frames": frames,
+        "force_int8": force_int8,
         "results": results,
         "accuracy": accuracy_rows,
+        # Per net: the measured int8 plan (MAC share and int8 layers per batch size).
+        "int8_plans": plans,
         "conv_choices": [
             {"x_shape": list(k[1]), "input": k[2], "pads": [list(p) for p in k[3]], "kernel": list(k[4]),
              "strides": list(k[5]),
@@ -399,12 +450,13 @@ def format_table(result: dict) -> str:
     lines = [f"backend {result['backend']}, jax {result['jax_version']}, {result['cpu_count']} CPUs, "
              f"conv policy {result['conv_policy']}, frames {result['frames']}"]
     lines.append(f"{'net':>10} {'batch':>5} {'prec':>5} {'ms/call':>9} {'samples/s':>10} "
-                 f"{'x fp32':>6} {'max rel err':>11} {'argmax agree':>12}")
+                 f"{'x fp32':>6} {'max rel err':>11} {'argmax agree':>12} {'int8 MACs':>9}")
     for r in result["results"]:
+        share = "" if r.get("int8_mac_share") is None else f"{100 * r['int8_mac_share']:8.0f}%"
         lines.append(
             f"{r['net']:>10} {r['batch']:>5} {r['precision']:>5} {r['ms_per_call']:9.3f} "
             f"{r['samples_per_second']:10.0f} {r['ratio_to_fp32']:6.2f} "
-            f"{r['max_rel_logit_error']:11.4f} {r['argmax_agreement']:12.4f}"
+            f"{r['max_rel_logit_error']:11.4f} {r['argmax_agreement']:12.4f} {share:>9}"
         )
     if result.get("profile"):
         lines.append("")

@@ -28,7 +28,7 @@ from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import TrainConfig
 from seedq.envs import env_kind, env_spec
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import BEHAVIOUR_VERSION, InferenceServer
+from seedq.server.inference import BEHAVIOUR_VERSION, InferenceServer, bucket_sizes
 from seedq.server.service import LearnerService, start_server
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
@@ -64,6 +64,14 @@ class Learner:
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
         self.state = jax.jit(self.agent.init)(init_rng)
+        if config.precision == "int8":
+            # Per-layer int8/fp32 choice at the server's padded batch sizes,
+            # fixed for the run (seedq.quant.plan).
+            plan = self.agent.plan_int8(
+                self.state.params, bucket_sizes(config.server.max_batch_size),
+                force=config.quant.force_int8,
+            )
+            log.info("%s", plan.describe())
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)

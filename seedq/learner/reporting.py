@@ -365,7 +365,7 @@ class RunReporter:
             f"| infer batch {stats.mean_batch_size():5.1f} p99 {p99} "
             f"| queue {len(learner.queue):>4}/{learner.queue.capacity} "
             f"| actors {learner.table.num_connected} "
-            f"| {self.config.precision}"
+            f"| {self.config.precision}{_int8_share_text(learner.agent)}"
             + ("" if loss is None else f" | loss {loss:8.4f}")
             # A policy collapsing to one action shows here first (learning health).
             + ("" if entropy is None else f" | entropy {entropy:5.3f}")
@@ -408,6 +408,8 @@ class RunReporter:
             "env": self.config.env,
             "architecture": self.config.architecture,
             "precision": self.config.precision,
+            # int8: the measured per-layer plan (share of MACs in int8 per padded batch size).
+            "int8_plan": _int8_plan(learner.agent),
             "frames": learner.table.frames,
             "trained_frames": learner.trained_frames,
             "train_steps": learner.train_steps,
@@ -460,3 +462,19 @@ class RunReporter:
                     flush=True,
                 )
         return summary
+
+
+def _int8_plan(agent) -> dict | None:
+    plan = getattr(agent, "int8_plan", None)
+    return None if plan is None else plan.to_dict()
+
+
+def _int8_share_text(agent) -> str:
+    """' MACs 12-96%': the range over batch sizes of the share of the network's
+    multiply-accumulates run in int8 (empty unless an int8 plan is in use)."""
+    plan = getattr(agent, "int8_plan", None)
+    if plan is None:
+        return ""
+    shares = [round(100 * s) for s in plan.mac_shares().values()]
+    lo, hi = min(shares), max(shares)
+    return f" MACs {lo}%" if lo == hi else f" MACs {lo}-{hi}%"

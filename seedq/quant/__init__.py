@@ -3,7 +3,8 @@
 `publish(params, precision, layers)` turns fp32 parameters into what the
 inference server runs; `apply(module, published, precision, *args)` runs any
 flax network at that precision through one interception mechanism
-(`seedq.quant.layers`). Training always stays fp32.
+(`seedq.quant.layers`). `make_plan` measures which layers int8 speeds up at
+each batch size (`seedq.quant.plan`). Training always stays fp32.
 """
 
 from seedq.quant.layers import (
@@ -14,6 +15,7 @@ from seedq.quant.layers import (
     quantizable_paths,
     scale_pixels,
 )
+from seedq.quant.plan import Int8Plan, make_plan
 from seedq.quant.quantize import (
     PRECISIONS,
     publish,
@@ -22,10 +24,12 @@ from seedq.quant.quantize import (
 )
 
 __all__ = [
+    "Int8Plan",
     "OUTPUT_LAYER_NAMES",
     "PRECISIONS",
     "apply",
     "find_layers",
+    "make_plan",
     "observation_input",
     "publish",
     "quantizable_paths",

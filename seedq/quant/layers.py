@@ -33,7 +33,8 @@ Convolutions have three int8 implementations, all exact (bit-identical int32):
   * "patches": the padded int8 input is cut into kh*kw strided slices,
     concatenated into patches [N, Ho, Wo, kh*kw*C] and multiplied by the
     kernel [kh*kw*C, O] with one int8 matmul (portable: any backend with an
-    int8 dot, e.g. GPUs, which have no integer convolution);
+    int8 dot, e.g. GPUs, which have no integer convolution); the slices move
+    4-byte words when C % 4 == 0;
   * "native": XLA's integer convolution (on XLA:CPU fast for most shapes but
     10-100x slower than fp32 for 16 -> 16 channel layers);
   * "s2d": space-to-depth rewrite (blocks of pixels become channels, the
@@ -89,6 +90,9 @@ class _ApplyState:
     observations: dict = dataclasses.field(default_factory=dict)
     # When set, find_layers' recorder: called with (module, input) per layer.
     record: Callable[[nn.Module, Any], None] | None = None
+    # int8 only: the layer paths to run in int8 (an `Int8Plan` entry, see
+    # seedq.quant.plan); None: every layer published in int8.
+    int8_layers: frozenset | None = None
 
     def pixel_source(self, x):
         hit = self.pixels.get(id(x))
@@ -138,11 +142,14 @@ def default_conv_policy() -> str:
 
 
 def apply(module: nn.Module, published, precision: str, *args, method=None,
-          conv_impl: str | None = None, **kwargs):
+          conv_impl: str | None = None, int8_layers: frozenset | None = None, **kwargs):
     """`module.apply(published, *args)` at `precision` ("fp32" | "bf16" | "int8").
 
     `published` is `quantize.publish(params, precision, ...)`. Floating
     outputs are returned as float32 whatever the precision. Jittable.
+    `int8_layers` (int8 only): the paths that run in int8 at this call's batch
+    size (`Int8Plan.layers_for`); a layer outside it that was also published
+    with its fp32 kernel runs in fp32. None: every int8-published layer in int8.
     """
     if precision == "fp32":
         return module.apply(published, *args, method=method, **kwargs)
@@ -151,7 +158,8 @@ def apply(module: nn.Module, published, precision: str, *args, method=None,
     policy = conv_impl or default_conv_policy()
     if policy not in CONV_POLICIES:
         raise ValueError(f"conv_impl={policy!r}: choose one of {', '.join(CONV_POLICIES)}")
-    token = _ACTIVE.set(_ApplyState(precision, policy))
+    state = _ApplyState(precision, policy, int8_layers=None if int8_layers is None else frozenset(int8_layers))
+    token = _ACTIVE.set(state)
     try:
         with nn.intercept_methods(_intercept):
             out = module.apply(published, *args, method=method, **kwargs)
@@ -179,6 +187,12 @@ def _intercept(next_fun, args, kwargs, context):
         return _bf16_layer(module, x, next_fun)
     params = module.variables.get("params", {})
     if qz.QKERNEL not in params:  # left in fp32 at publish time
+        return next_fun(*args, **kwargs)
+    if (
+        state.int8_layers is not None
+        and tuple(module.scope.path) not in state.int8_layers
+        and "kernel" in params  # published in both forms: fp32 at this batch size
+    ):
         return next_fun(*args, **kwargs)
     pixels = state.pixel_source(x)
     if isinstance(module, nn.Conv):
@@ -310,12 +324,22 @@ def conv_patches(qx: jax.Array, qw: jax.Array, strides: tuple[int, int]) -> jax.
     n, hp, wp, _ = qx.shape
     sh, sw = strides
     ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    # Slices move 4-byte words when C allows (XLA:CPU copies int8 elements one
+    # at a time: building the patches of a 16-channel layer byte by byte cost
+    # more than the whole fp32 convolution); the byte layout is the same.
+    words = qx.dtype.itemsize == 1 and c % 4 == 0
+    if words:
+        src, depth = lax.bitcast_convert_type(qx.reshape(n, hp, wp, c // 4, 4), jnp.int32), c // 4
+    else:
+        src, depth = qx, c
     cols = [
-        lax.slice(qx, (0, i, j, 0), (n, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, c), (1, sh, sw, 1))
+        lax.slice(src, (0, i, j, 0), (n, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, depth), (1, sh, sw, 1))
         for i in range(kh)
         for j in range(kw)
     ]
     patches = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+    if words:
+        patches = lax.bitcast_convert_type(patches, qx.dtype).reshape(n, ho, wo, kh * kw * c)
     return lax.dot_general(
         patches, qw.reshape(kh * kw * c, o), (((3,), (0,)), ((), ())),
         preferred_element_type=jnp.int32,
@@ -486,8 +510,9 @@ def _calibrate(x_shape, kind, pads, w_shape, strides, budget_s: float = 0.4) -> 
 
 
 def time_interleaved(fns: dict[str, Callable], args: tuple, budget_s: float = 0.25,
-                     rounds: int = 5) -> dict[str, float]:
-    """Best-of-rounds seconds per call of each (already compiled) function.
+                     rounds: int = 5, statistic: Callable = min) -> dict[str, float]:
+    """Seconds per call of each (already compiled) function: `statistic` (best
+    by default; the int8 plan uses the median) over interleaved rounds.
 
     Each round runs every function in turn, so load changes hit all of them
     alike; the number of calls per round is sized to spend ~budget_s total.
@@ -499,15 +524,15 @@ def time_interleaved(fns: dict[str, Callable], args: tuple, budget_s: float = 0.
         single[name] = max(time.perf_counter() - started, 1e-6)
     per_round = budget_s / rounds
     calls = {name: max(1, int(per_round / len(fns) / t)) for name, t in single.items()}
-    best = {name: float("inf") for name in fns}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, f in fns.items():
             started = time.perf_counter()
             for _ in range(calls[name]):
                 out = f(*args)
             jax.block_until_ready(out)
-            best[name] = min(best[name], (time.perf_counter() - started) / calls[name])
-    return best
+            samples[name].append((time.perf_counter() - started) / calls[name])
+    return {name: float(statistic(s)) for name, s in samples.items()}
 
 
 # --- finding the layers of a network -------------------------------------------------

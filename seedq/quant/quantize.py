@@ -110,15 +110,17 @@ def input_equalization(w: jax.Array) -> jax.Array:
     return jnp.where(g >= _TINY, g, jnp.float32(1.0))
 
 
-def quantize_layer(node: Mapping, equalize: bool = True) -> dict:
+def quantize_layer(node: Mapping, equalize: bool = True, keep_fp32: bool = False) -> dict:
     """{"kernel": w, "bias": b} -> {"kernel_q": int8, "kernel_scale": fp32 [O],
     "input_scale": fp32 [K] (with `equalize`), "bias": fp32 [O]}.
 
     With equalization the int8 kernel holds w / g (g broadcast along the
     input axis, -2) and inference multiplies its input by g before quantizing.
+    `keep_fp32` also keeps the fp32 "kernel", for a layer that the int8 plan
+    runs in int8 at some batch sizes and in fp32 at others.
     """
     w = jnp.asarray(node["kernel"], jnp.float32)
-    out = {}
+    out = {"kernel": w} if keep_fp32 else {}
     if equalize:
         g = input_equalization(w)
         shape = [1] * w.ndim
@@ -141,7 +143,7 @@ def publish(params: Any, precision: str, layers=None) -> Any:
     "bias" fp32} (see `quantize_layer`); everything else stays fp32.
 
     `layers` says which layers to quantize: a mapping path -> {"equalize":
-    bool} as returned by `seedq.quant.quantizable_paths(find_layers(...))`
+    bool, optionally "keep_fp32": bool} as returned by `seedq.quant.quantizable_paths(find_layers(...))`
     (paths inside the "params" collection, e.g. ("torso", "Conv_0")), or
     an iterable of paths (all equalized). Layers fed uint8 pixels are not
     equalized, so they keep using the exact integers. Without `layers`, every

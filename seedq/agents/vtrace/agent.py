@@ -111,10 +111,28 @@ class VTraceAgent:
                        eps=config.adam_eps),
         )
         # Inference precision (training stays fp32): which layers the server
-        # runs in int8, and the jitted fp32 -> published conversion.
+        # runs in int8, and the jitted fp32 -> published conversion. Until
+        # `plan_int8` measures a plan, int8 means every quantizable layer.
         self.precision = precision
-        layers = quant.quantizable_paths(quant.find_layers(self.network, *self._example_inputs()))
+        self._layers = quant.find_layers(self.network, *self._example_inputs())
+        self.int8_plan: quant.Int8Plan | None = None
+        self._set_publish(quant.quantizable_paths(self._layers))
+
+    def _set_publish(self, layers) -> None:
+        precision = self.precision
         self._publish = jax.jit(lambda params: quant.publish(params, precision, layers))
+
+    def plan_int8(self, params, batch_sizes, *, force: bool = False) -> quant.Int8Plan | None:
+        """int8 mode: measures, per padded batch size the server runs, which
+        layers int8 speeds up (`seedq.quant.plan`), and from then on publishes
+        and runs only those in int8 (`act` picks the plan of its batch size).
+        `force`: every quantizable layer in int8. No-op at fp32/bf16."""
+        if self.precision != "int8":
+            return None
+        net, _ = self._split(params)
+        self.int8_plan = quant.make_plan(self._layers, net, batch_sizes, force=force)
+        self._set_publish(self.int8_plan.publish_layers())
+        return self.int8_plan
 
     def _split(self, params):
         """(network variables, observation statistics or None)."""
@@ -182,8 +200,10 @@ class VTraceAgent:
         obs = self._normalized(stats, obs)
         net_obs, core_state = self.frames.act(core_state, obs, first) if self.frames else (obs, core_state)
         carry = (core_state["lstm_c"], core_state["lstm_h"]) if self.config.use_lstm else None
+        int8_layers = None if self.int8_plan is None else self.int8_plan.layers_for(obs.shape[0])
         dist, _, carry = quant.apply(
-            self.network, params, self.precision, net_obs[None], first[None], carry
+            self.network, params, self.precision, net_obs[None], first[None], carry,
+            int8_layers=int8_layers,
         )
         dist = {k: v[0].astype(jnp.float32) for k, v in dist.items()}
         if self.config.use_lstm:
