@@ -34,6 +34,8 @@ from seedq.envs import env_spec
 from seedq.learner.learner import Learner
 from seedq.wire import codec
 
+from queue_tap import QueueTap
+
 pytestmark = pytest.mark.timeout(180)
 
 UNROLL_LENGTH = 5
@@ -161,36 +163,17 @@ def assert_training_continues(learner, steps=3, procs=()):
         assert proc.poll() is None, f"actor process exited with {proc.returncode}"
 
 
-class QueueTap:
+class MarkerTap(QueueTap):
     """Counts the unrolls entering a learner's queue, per raw-client marker."""
 
     def __init__(self, queue):
-        self.lock = threading.Lock()
-        self.unrolls = 0
         self.marked = collections.Counter()
-        try_put, put = queue.try_put, queue.put
+        super().__init__(queue)
 
-        def tapped_try_put(chunk):
-            ok = try_put(chunk)
-            if ok:
-                self._record(chunk)
-            return ok
-
-        def tapped_put(chunk, timeout=None):
-            ok = put(chunk, timeout)
-            if ok:
-                self._record(chunk)
-            return ok
-
-        queue.try_put = tapped_try_put
-        queue.put = tapped_put
-
-    def _record(self, chunk):
+    def record(self, chunk):
         angle = chunk["obs"][..., 2]  # [k, T+1]
-        with self.lock:
-            self.unrolls += len(angle)
-            for marker in MARKERS:
-                self.marked[marker] += int((angle == np.float32(marker)).any(axis=1).sum())
+        for marker in MARKERS:
+            self.marked[marker] += int((angle == np.float32(marker)).any(axis=1).sum())
 
     def count(self, marker):
         with self.lock:
@@ -250,7 +233,7 @@ def raw(workdir):
 def cluster(workdir):
     """A training learner with one real actor ("real-1", 4 envs), shared by the module."""
     learner = Learner(CONFIG, f"unix:{workdir}/learner.sock")
-    tap = QueueTap(learner.queue)
+    tap = MarkerTap(learner.queue)
     actor = None
     try:
         address = learner.start(train=True)

@@ -24,7 +24,6 @@ import logging
 import math
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -40,6 +39,8 @@ from seedq.server.service import MAX_MESSAGE_BYTES
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec, impala_codec
 from seedq.wire.codec import EnvSpec, OutOfOrder, ProtocolError
+
+from queue_tap import QueueTap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -600,35 +601,18 @@ class LogWatch(logging.Handler):
             self.bad.append(self.format(record))
 
 
-class QueueTap:
+class FiniteTap(QueueTap):
     """Counts the unrolls entering a learner's queue; every float in them must be finite."""
 
     def __init__(self, queue):
-        self.unrolls, self.non_finite = 0, []
-        self.lock = threading.Lock()
-        try_put, put = queue.try_put, queue.put
+        self.non_finite = []
+        super().__init__(queue)
 
-        def tapped_try_put(chunk):
-            ok = try_put(chunk)
-            if ok:
-                self._record(chunk)
-            return ok
-
-        def tapped_put(chunk, timeout=None):
-            ok = put(chunk, timeout)
-            if ok:
-                self._record(chunk)
-            return ok
-
-        queue.try_put, queue.put = tapped_try_put, tapped_put
-
-    def _record(self, chunk):
-        with self.lock:
-            self.unrolls += len(chunk["obs"])
-            for name, value in chunk.items():
-                value = np.asarray(value)
-                if value.dtype.kind == "f" and not np.isfinite(value).all():
-                    self.non_finite.append(name)
+    def record(self, chunk):
+        for name, value in chunk.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                self.non_finite.append(name)
 
 
 def wait_until(predicate, what, timeout=60.0):
@@ -655,7 +639,7 @@ def seed_cluster(tmp_path_factory, log_watch):
     """A training learner with one real actor process (4 CartPole envs)."""
     workdir = tmp_path_factory.mktemp("fuzz")
     learner = Learner(SERVER_CONFIG, f"unix:{workdir}/learner.sock")
-    tap = QueueTap(learner.queue)
+    tap = FiniteTap(learner.queue)
     actor = None
     try:
         address = learner.start(train=True)
@@ -765,7 +749,7 @@ def test_oversized_undecodable_and_wrong_rpc_messages(seed_cluster, log_watch):
 def impala_learner(tmp_path_factory, log_watch):
     config = dataclasses.replace(SERVER_CONFIG, architecture="impala")
     learner = Learner(config, f"unix:{tmp_path_factory.mktemp('fuzz-impala')}/learner.sock")
-    tap = QueueTap(learner.queue)
+    tap = FiniteTap(learner.queue)
     address = learner.start(train=False)
     yield learner, address, tap
     learner.stop()
