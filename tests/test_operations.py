@@ -125,7 +125,9 @@ def test_sigkilled_learner_resumes_and_reaches_the_target(sigkilled_run):
     assert "Traceback" not in out
     assert f"resuming from {r.killed_dir}" in out
     summary = json.loads((r.run / "summary.json").read_text())
-    assert summary["reached_target"] and summary["mean_return_last100"] >= 475, summary
+    # The window mean the learner's target check saw; the final mean can dip below it,
+    # since episodes the external actors finish after that check still enter the window.
+    assert summary["reached_target"] and summary["mean_return_at_target"] >= 475, summary
     assert summary["resumed_from"] == r.killed_dir and summary["segments"] == 2
     # Counters continue from the checkpoint: never back to 0, never backwards.
     for key in ("train_steps", "frames", "episodes", "policy_version"):

@@ -50,7 +50,7 @@ class Snapshot:
     rng: np.ndarray  # the inference server's PRNG key
     counters: dict  # train_steps, trained_frames, frames, episodes, policy_version, elapsed_seconds, ...
     episode_window: dict  # {"returns": [...], "lengths": [...]}: the recent episodes, oldest first
-    target: dict  # {"seconds_to_target": float | None, "frames_to_target": int | None}
+    target: dict  # {"seconds_to_target", "frames_to_target", "mean_return_at_target": value | None}
     config: dict  # the run config (seedq.config.to_dict)
     # (arrays, scalars) of the learner's replay (`PrioritizedBatches.checkpoint_state`), or None.
     replay: tuple[dict, dict] | None = None

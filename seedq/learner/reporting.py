@@ -68,6 +68,9 @@ class RunReporter:
         self.writer.add_text("run/precision", config.precision, learner.table.frames)
         self.seconds_to_target: float | None = target.get("seconds_to_target")
         self.frames_to_target: int | None = target.get("frames_to_target")
+        # The window mean that met the target (the final one can differ: episodes
+        # that actors finish after the check still enter the window).
+        self.mean_return_at_target: float | None = target.get("mean_return_at_target")
         self._last_tick = (started, learner.table.frames, learner.train_steps)
         self._latency_mark = learner.inference.stats.latency_count
         self._publish_mark = (learner.publish_seconds_total, learner.publishes)
@@ -116,6 +119,7 @@ class RunReporter:
         if window_full and mean_return >= self.config.target_return:
             self.seconds_to_target = self.elapsed()
             self.frames_to_target = self.learner.table.frames
+            self.mean_return_at_target = float(mean_return)
 
     def run_until_done(self, actors) -> str:
         """Polls until a stop condition holds; returns its name."""
@@ -243,7 +247,8 @@ class RunReporter:
                 "segments": self.segment,
             },
             episode_window={"returns": returns, "lengths": lengths},
-            target={"seconds_to_target": self.seconds_to_target, "frames_to_target": self.frames_to_target},
+            target={"seconds_to_target": self.seconds_to_target, "frames_to_target": self.frames_to_target,
+                    "mean_return_at_target": self.mean_return_at_target},
             config=config_lib.to_dict(self.config),
             replay=learner.replay_checkpoint() if hasattr(learner, "replay_checkpoint") else None,
         )
@@ -421,6 +426,7 @@ class RunReporter:
             "reached_target": self.frames_to_target is not None,
             "seconds_to_target": self.seconds_to_target,
             "frames_to_target": self.frames_to_target,
+            "mean_return_at_target": self.mean_return_at_target,
             "stop_reason": stop_reason,
             "actor_runs": learner.table.runs_started,
             "mean_inference_batch": learner.inference.stats.mean_batch_size(),
