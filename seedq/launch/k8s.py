@@ -394,7 +394,8 @@ def examples() -> dict[str, tuple[TrainConfig, K8sOptions]]:
                        tls_mode="none"),
         ),
         "cpu.yaml": (
-            dataclasses.replace(TrainConfig(), num_actors=4, logdir="/runs/cartpole"),
+            # CartPole's registered reward_threshold, as `seedq train --env CartPole-v1` takes it.
+            dataclasses.replace(TrainConfig(), num_actors=4, target_return=475.0, logdir="/runs/cartpole"),
             K8sOptions(accelerator="cpu", image=EXAMPLE_IMAGE, name="cartpole", tls_mode="none",
                        learner_cpu="2", learner_memory="4Gi"),
         ),
