@@ -17,72 +17,10 @@ import argparse
 import dataclasses
 import json
 import sys
-import typing
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
-
-
-def _flag(prefix: str, name: str) -> str:
-    return "--" + prefix + name.replace("_", "-").rstrip("-")
-
-
-# An optional field's flag spells "no value" as `none`; it parses to this
-# sentinel, since None itself means "flag not given". (An object of its own,
-# never a string: a str field's value "none" is a real value.)
-NONE_WORD = "none"
-
-
-class _NoneGiven:
-    def __repr__(self) -> str:
-        return NONE_WORD
-
-
-NONE_GIVEN = _NoneGiven()
-
-
-def _parser_for(hint):
-    from seedq.docs import optional_inner
-
-    inner = optional_inner(hint)
-    if inner is not None:
-        parse_inner = _parser_for(inner)
-
-        def parse_optional(text: str):
-            return NONE_GIVEN if text.lower() == NONE_WORD else parse_inner(text)
-
-        parse_optional.__name__ = inner.__name__  # argparse names the type in its errors
-        return parse_optional
-    if typing.get_origin(hint) is tuple:
-        (inner, _) = typing.get_args(hint)
-
-        def parse_tuple(text: str):
-            try:
-                return tuple(inner(x) for x in text.split(",") if x.strip())
-            except ValueError:
-                raise argparse.ArgumentTypeError(
-                    f"expected comma-separated {inner.__name__}s, got {text!r}"
-                ) from None
-
-        return parse_tuple
-    if hint is bool:
-        def parse_bool(text: str) -> bool:
-            value = {"true": True, "1": True, "false": False, "0": False}.get(text.lower())
-            if value is None:
-                raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-            return value
-
-        return parse_bool
-    return hint
-
-
-def _metavar(hint) -> str:
-    from seedq.docs import optional_inner
-
-    inner = optional_inner(hint)
-    if inner is not None:
-        return f"{inner.__name__.upper()}|none"
-    return hint.__name__.upper() if isinstance(hint, type) else "LIST"
+from seedq.flags import add_config_flags, config_from_args, env_defaults
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,14 +46,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def subcommands(parser: argparse.ArgumentParser, prefix: str):
+    """(command line, parser) for every (nested) subcommand, depth first."""
+    for action in parser._actions:  # argparse has no public walk over subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                line = f"{prefix} {name}"
+                yield line, sub
+                yield from subcommands(sub, line)
+
+
 def _unknown_arguments_message(parser: argparse.ArgumentParser, args, extras: list[str]) -> str:
     """One line: the unknown arguments, close matches, and the valid options."""
     import difflib
 
-    from seedq.docs import _subcommands
-
     prog, target = parser.prog, parser
-    for line, sub in _subcommands(parser, parser.prog):
+    for line, sub in subcommands(parser, parser.prog):
         words = line.split()[1:]
         if [getattr(args, d, None) for d in ("command", "bench")][: len(words)] == words:
             prog, target = line, sub
@@ -131,94 +77,6 @@ def _unknown_arguments_message(parser: argparse.ArgumentParser, args, extras: li
         + (f" ({'; '.join(hints)})" if hints else "")
         + f"; valid options: {', '.join(valid)}"
     )
-
-
-def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: str = "") -> None:
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        hint = hints[field.name]
-        if dataclasses.is_dataclass(hint):
-            add_config_flags(parser, hint, prefix + field.name + ".")
-            continue
-        from seedq.docs import field_comments, format_default
-
-        comment = field_comments(cls).get(field.name, "")
-        # A bare boolean flag (`--insecure`) means true; `--flag false` still works.
-        bare = {"nargs": "?", "const": True} if hint is bool else {}
-        action = parser.add_argument(
-            _flag(prefix, field.name),
-            dest=prefix + field.name,
-            type=_parser_for(hint),
-            default=None,
-            **bare,
-            metavar=_metavar(hint),
-            help=(f"{comment} " if comment else "").replace("%", "%%")
-            + f"(default: {format_default(field.default)})",
-        )
-        action.doc_default = field.default  # for the generated CLI reference
-        action.doc_class = cls
-
-
-def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = "", base=None):
-    """The config `base` (default: `cls()`) with the flags given in `args` applied."""
-    base = cls() if base is None else base
-    hints = typing.get_type_hints(cls)
-    overrides = {}
-    for field in dataclasses.fields(cls):
-        hint = hints[field.name]
-        if dataclasses.is_dataclass(hint):
-            overrides[field.name] = config_from_args(
-                args, hint, prefix + field.name + ".", getattr(base, field.name)
-            )
-            continue
-        value = getattr(args, prefix + field.name, None)
-        if value is not None:
-            overrides[field.name] = None if value is NONE_GIVEN else value
-    return dataclasses.replace(base, **overrides)
-
-
-def config_flags(config, base=None, prefix: str = "") -> list[str]:
-    """The flags that turn `base` into `config` (inverse of `config_from_args`).
-
-    `base` is a config, or a config dataclass (its defaults). It defaults, for
-    a TrainConfig, to the defaults `seedq train` applies flags to for
-    `config.env` (env_defaults), so the flags reproduce `config` in a fresh
-    process; for a section, to that section's defaults."""
-    if base is None:
-        base = env_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
-    elif isinstance(base, type):
-        base = base()
-    flags = []
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if dataclasses.is_dataclass(value):
-            flags += config_flags(value, getattr(base, field.name), prefix + field.name + ".")
-        elif value != getattr(base, field.name):
-            if isinstance(value, tuple):
-                text = ",".join(str(v) for v in value)
-            elif isinstance(value, bool):
-                text = str(value).lower()
-            elif value is None:
-                text = NONE_WORD
-            else:
-                text = str(value)
-            flags += [_flag(prefix, field.name), text]
-    return flags
-
-
-def env_defaults(env_id: str) -> TrainConfig:
-    """The defaults the flags apply to for `env_id`: they depend on whether the
-    env's actions are Discrete or Box and on its registered reward_threshold
-    (config.defaults_for). An env id that cannot be built falls back to the
-    plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec, reward_threshold
-
-    try:
-        continuous = not env_spec(env_id).discrete
-        target = reward_threshold(env_id)
-    except ValueError:
-        return TrainConfig()
-    return config_lib.defaults_for(continuous, target)
 
 
 def _default_config(env: str | None) -> TrainConfig:
@@ -241,7 +99,7 @@ def _saved_config(run_dir: str, flag: str) -> TrainConfig:
 
 
 def _has_checkpoint(run_dir: str) -> bool:
-    from seedq.learner import checkpoint
+    from seedq import checkpoint
 
     try:
         checkpoint.locate(run_dir)

@@ -206,7 +206,9 @@ class VTraceConfig:
     learning_rate_decay_frames: int = 0
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
-    # Rewards are clipped to [-reward_clip, reward_clip]; 0 disables clipping.
+    # Training rewards are clipped to [-reward_clip, reward_clip] where the
+    # learner records them (the acting core; returns are reported unclipped);
+    # 0: no clipping, except Atari's [-1, 1] (atari.clip_rewards).
     reward_clip: float = 0.0
     # Rewards are multiplied by this (after clipping): keeps value targets, and
     # so the value loss's share of the clipped gradient norm, moderate on
@@ -307,6 +309,8 @@ class TrainConfig:
     agent: str = "vtrace"
     env: str = "CartPole-v1"
     architecture: str = "seed"
+    # Inference precision of the learner's server (fp32, bf16 or int8), for
+    # any agent; training stays fp32.
     precision: str = "fp32"
     seed: int = 0
     num_actors: int = 2
@@ -389,11 +393,6 @@ class TrainConfig:
         if self.quant.force_int8 and self.precision != "int8":
             raise ValueError(
                 f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"
-            )
-        if self.agent == "r2d2" and self.precision != "fp32":
-            raise ValueError(
-                f"precision={self.precision!r}: the r2d2 agent serves fp32 only so far "
-                "(bf16/int8 inference is implemented for vtrace)"
             )
         positive = {
             "num_actors": self.num_actors,

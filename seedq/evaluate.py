@@ -25,8 +25,11 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq.config import EnvOptions, TrainConfig
+from seedq.acting.core import ActingCore, EpisodeTracker, StepResult
+from seedq.agents import make_agent
 from seedq.envs import env_spec, make_env, make_vector_env, random_actions
-from seedq.learner import checkpoint
+from seedq import checkpoint
+from seedq.quant.mode import InferencePrecision
 
 VIDEO_FORMATS = (".mp4", ".gif")
 # A GIF keeps every frame in memory and plays at most ~50 fps; longer or
@@ -76,40 +79,39 @@ class EvalResult:
 
 
 class Policy:
-    """An agent plus inference parameters, acting in-process (jitted)."""
+    """Inference parameters acting in-process through the acting core
+    (`seedq.acting.core`): the agent at the precision of `precision` (a
+    `seedq.quant.mode.InferencePrecision`), on `params` published at it.
+    Greedy actions are the agent's `greedy_actions`."""
 
-    def __init__(self, agent, params, *, greedy: bool = True):
-        # Greedy actions come from the agent's `greedy_actions(outputs)`, or
-        # from a "greedy_action" output that `act` records (R2D2).
-        if greedy and not (
-            hasattr(agent, "greedy_actions") or "greedy_action" in agent.act_outputs()
-        ):
+    def __init__(self, precision, params, *, greedy: bool = True):
+        agent = precision.agent
+        if greedy and not hasattr(agent, "greedy_actions"):
             raise ValueError(f"{type(agent).__name__} has no greedy policy; evaluate with --sample")
         self.agent = agent
         self.params = params
         self.greedy = greedy
-        self._act = jax.jit(self._step)
+        # One core (and so one compiled `act` per env count) for every evaluation.
+        self._core = ActingCore(agent, precision.spec, precision, record=False, greedy=greedy,
+                                capacity=1)
 
-    def _step(self, params, rng, obs, first, core, inputs):
-        actions, outputs, core, rng = self.agent.act(params, rng, obs, first, core, inputs)
-        if self.greedy:
-            if hasattr(self.agent, "greedy_actions"):
-                actions = self.agent.greedy_actions(outputs)
-            else:
-                actions = outputs["greedy_action"].astype(actions.dtype)
-        return actions, core, rng
+    def start(self, n: int, seed: int) -> "_PolicyEpisodes":
+        """Acting on `n` fresh envs, with a PRNG key made from `seed`."""
+        self._core.ensure_capacity(n)
+        slots = np.arange(n)
+        self._core.start(slots)
+        return _PolicyEpisodes(self, slots, jax.random.PRNGKey(seed))
 
-    def start(self, n: int, seed: int):
-        """Acting state of `n` fresh envs: (rng, core state, per-env inputs)."""
-        return (
-            jax.random.PRNGKey(seed),
-            self.agent.initial_core_state(n),
-            self.agent.actor_inputs(np.arange(n)),
+
+class _PolicyEpisodes:
+    def __init__(self, policy: Policy, slots: np.ndarray, rng):
+        self.policy, self.slots, self.rng = policy, slots, rng
+
+    def step(self, obs, rewards, terminated, truncated) -> StepResult:
+        result, self.rng = self.policy._core.step(
+            self.policy.params, 0, self.rng, self.slots, obs, rewards, terminated, truncated
         )
-
-    def __call__(self, rng, obs, first, core, inputs):
-        actions, core, rng = self._act(self.params, rng, obs, first, core, inputs)
-        return np.asarray(actions), core, rng
+        return result
 
 
 class RandomPolicy:
@@ -121,11 +123,20 @@ class RandomPolicy:
     def __init__(self, spec):
         self.spec = spec
 
-    def start(self, n: int, seed: int):
-        return np.random.default_rng(seed), None, None
+    def start(self, n: int, seed: int) -> "_RandomEpisodes":
+        return _RandomEpisodes(self.spec, n, np.random.default_rng(seed))
 
-    def __call__(self, rng, obs, first, core, inputs):
-        return random_actions(self.spec, len(obs), rng), core, rng
+
+class _RandomEpisodes:
+    def __init__(self, spec, n: int, rng: np.random.Generator):
+        self.spec, self.rng = spec, rng
+        self.slots = np.arange(n)
+        self.episodes = EpisodeTracker(n)
+
+    def step(self, obs, rewards, terminated, truncated) -> StepResult:
+        first, ended, returns, lengths = self.episodes.observe(self.slots, rewards, terminated, truncated)
+        actions = random_actions(self.spec, len(obs), self.rng)
+        return StepResult(actions, first, self.slots[ended], returns[ended], lengths[ended], None, len(obs))
 
 
 def evaluate(
@@ -135,21 +146,23 @@ def evaluate(
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     env = make_vector_env(env_id, episodes, options=options)
+    returns = np.zeros(episodes, np.float64)
+    lengths = np.zeros(episodes, np.int64)
+    done = np.zeros(episodes, bool)  # each env's first episode is the one counted
     try:
         obs, _ = env.reset(seed=seed)
-        rng, core, inputs = policy.start(episodes, seed)
-        first = np.ones(episodes, bool)
-        returns = np.zeros(episodes, np.float64)
-        lengths = np.zeros(episodes, np.int64)
-        done = np.zeros(episodes, bool)
-        while not done.all():
-            actions, core, rng = policy(rng, obs, first, core, inputs)
-            obs, rewards, terminated, truncated, _ = env.step(actions)
-            active = ~done
-            returns[active] += rewards[active]
-            lengths[active] += 1
-            done |= terminated | truncated
-            first = np.zeros(episodes, bool)
+        acting = policy.start(episodes, seed)
+        rewards = np.zeros(episodes, np.float32)
+        terminated = truncated = np.zeros(episodes, bool)
+        while True:
+            result = acting.step(obs, rewards, terminated, truncated)
+            new = ~done[result.ended_slots]
+            ended = result.ended_slots[new]
+            returns[ended], lengths[ended] = result.ended_returns[new], result.ended_lengths[new]
+            done[ended] = True
+            if done.all():
+                break
+            obs, rewards, terminated, truncated, _ = env.step(result.actions)
     finally:
         env.close()
     return EvalResult(
@@ -203,17 +216,17 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int, options: En
 
     try:
         obs, _ = env.reset(seed=seed)
-        rng, core, inputs = policy.start(1, seed)
-        first = np.ones(1, bool)
+        acting = policy.start(1, seed)
+        reward, terminated, truncated = 0.0, False, False
         add(env.render())
         while True:
-            actions, core, rng = policy(rng, np.asarray(obs)[None], first, core, inputs)
-            obs, reward, terminated, truncated, _ = env.step(actions[0])
-            total += float(reward)
-            first = np.zeros(1, bool)
-            add(env.render())
-            if terminated or truncated:
+            result = acting.step(np.asarray(obs)[None], np.array([reward], np.float32),
+                                 np.array([terminated]), np.array([truncated]))
+            if len(result.ended_slots):
+                total = float(result.ended_returns[0])
                 break
+            obs, reward, terminated, truncated, _ = env.step(result.actions[0])
+            add(env.render())
     finally:
         env.close()
         if writer is not None:
@@ -247,8 +260,6 @@ def load_policy(
     checkpoint; or a checkpoint step directory), rebuilt from the config saved
     with it. `env` / `precision` override the run's; CheckpointError (a
     ValueError) explains anything that does not fit, in one line."""
-    from seedq.learner.learner import make_agent
-
     meta, step_dir = checkpoint.read_meta(path)
     try:
         config = config_lib.from_dict(TrainConfig, meta["config"])
@@ -263,5 +274,6 @@ def load_policy(
     snapshot, step_dir = checkpoint.restore(
         step_dir, like_state, jax.random.PRNGKey(0), env=config.env
     )
-    params = agent.inference_params(jax.device_put(snapshot.state))
-    return LoadedPolicy(Policy(agent, params, greedy=greedy), config, step_dir, snapshot.counters)
+    precision = InferencePrecision(agent, spec, config.precision)
+    params = precision.publish(agent.inference_params(jax.device_put(snapshot.state)))
+    return LoadedPolicy(Policy(precision, params, greedy=greedy), config, step_dir, snapshot.counters)

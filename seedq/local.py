@@ -20,11 +20,12 @@ import uuid
 
 from seedq import channel
 from seedq import config as config_lib
-from seedq.cli import config_flags
+from seedq.flags import config_flags
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
-from seedq.learner import checkpoint
-from seedq.learner.learner import Learner, make_agent
+from seedq import checkpoint
+from seedq.agents import make_agent
+from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
 
 log = logging.getLogger("seedq.local")

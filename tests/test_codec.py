@@ -7,7 +7,9 @@ import pytest
 
 from seedq.v1 import seed_pb2
 from seedq.wire import codec
-from seedq.wire.codec import EnvSpec, ProtocolError
+from seedq.schema import EnvSpec
+from seedq.wire.codec import ProtocolError
+from seedq import schema
 
 DISCRETE = EnvSpec("float32", (4,), num_actions=2)
 BOX = EnvSpec(
@@ -292,20 +294,20 @@ def test_obs_nbytes():
 def test_spec_from_spaces():
     import gymnasium as gym
 
-    spec = codec.spec_from_spaces(
+    spec = schema.spec_from_spaces(
         gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
     )
     assert spec == EnvSpec("float32", (4,), num_actions=3)
-    spec = codec.spec_from_spaces(
+    spec = schema.spec_from_spaces(
         gym.spaces.Box(0, 255, (2, 2), np.uint8),
         gym.spaces.Box(np.array([-1.0, -2.0]), np.array([1.0, 2.0]), dtype=np.float32),
     )
     assert spec.obs_dtype == "uint8" and spec.obs_shape == (2, 2)
     assert spec.action_shape == (2,) and spec.action_low == (-1.0, -2.0)
     with pytest.raises(ValueError):
-        codec.spec_from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
+        schema.spec_from_spaces(gym.spaces.Discrete(4), gym.spaces.Discrete(2))
     with pytest.raises(ValueError):
-        codec.spec_from_spaces(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2, start=1))
+        schema.spec_from_spaces(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2, start=1))
 
 
 # --- actions -------------------------------------------------------------------

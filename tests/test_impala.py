@@ -22,16 +22,17 @@ import pytest
 from seedq.actor.impala_actor import UnrollBuilder
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
-from seedq.envs import env_spec
+from seedq.quant.mode import InferencePrecision
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer, _Request
 from seedq.server.unrolls import UnrollQueue
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec, impala_codec
+from seedq import schema
 
 pytestmark = pytest.mark.timeout(300)
 
-CARTPOLE = codec.EnvSpec("float32", (4,), num_actions=2)
+CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
 
 
 def seedq(*args, timeout=300):
@@ -110,10 +111,12 @@ def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls):
 @pytest.mark.parametrize("hidden", [(512, 512)])
 def test_params_round_trip_fp32_and_int8_with_four_times_fewer_bytes(hidden):
     cfg = dataclasses.replace(VTraceConfig(), hidden_sizes=hidden)
-    state = VTraceAgent(CARTPOLE, cfg).init(jax.random.PRNGKey(0))
+    agent = VTraceAgent(CARTPOLE, cfg)
+    state = agent.init(jax.random.PRNGKey(0))
     sizes = {}
     for precision in ("fp32", "int8"):
-        published = jax.device_get(VTraceAgent(CARTPOLE, cfg, precision=precision).inference_params(state))
+        mode = InferencePrecision(agent, CARTPOLE, precision)
+        published = jax.device_get(mode.publish(agent.inference_params(state)))
         data = impala_codec.serialize_params(published)
         chunks = impala_codec.params_chunks(data, 12, precision, chunk_bytes=64 << 10)
         assert len(chunks) > 1 and all(c.ByteSize() < (65 << 10) for c in chunks)
@@ -243,7 +246,7 @@ def test_bad_counts_and_handshakes_are_refused(impala_learner):
     stream = PushStream(address)
     try:
         with pytest.raises(grpc.RpcError) as e:
-            stream.handshake(spec=codec.EnvSpec("float32", (5,), num_actions=2))
+            stream.handshake(spec=schema.EnvSpec("float32", (5,), num_actions=2))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "handshake.observation.shape" in e.value.details()
     finally:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from seedq import cli
-from seedq.learner import checkpoint
+from seedq import checkpoint
 from seedq.learner.events import read_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -456,22 +456,79 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     assert row["int8"]["max_rel_logit_error"] < 0.15, row
 
 
-def test_vtrace_agent_acts_at_every_precision():
-    from seedq.agents.vtrace.agent import VTraceAgent
+def _agents():
+    from seedq.agents import make_agent
     from seedq.envs import env_spec
 
     spec = env_spec("CartPole-v1")
-    obs = RNG.standard_normal((8, 4)).astype(np.float32)
-    first = np.zeros(8, bool)
+    vtrace = config_lib.TrainConfig()
+    r2d2 = config_lib.TrainConfig(agent="r2d2")  # LSTM + dueling head
+    return spec, {"vtrace": make_agent(vtrace, spec), "r2d2": make_agent(r2d2, spec)}
+
+
+@pytest.mark.parametrize("name", ["vtrace", "r2d2"])
+def test_the_precision_mode_runs_any_agent_at_every_precision(name):
+    """Precision is a mode wrapped around the agent's own `act`: the same agent
+    object acts at fp32, bf16 and int8, with every Dense (R2D2's LSTM gates and
+    dueling head included) routed through the quantized rule."""
+    from seedq.quant.mode import InferencePrecision
+
+    spec, agents = _agents()
+    agent = agents[name]
+    params = agent.inference_params(agent.init(jax.random.PRNGKey(0)))
+    n = 8
+    obs = RNG.standard_normal((n, 4)).astype(np.float32)
+    args = (jax.random.PRNGKey(1), obs, np.ones(n, bool), agent.initial_core_state(n),
+            agent.actor_inputs(np.arange(n)))
+    outputs = {}
     for precision in quant.PRECISIONS:
-        agent = VTraceAgent(spec, config_lib.VTraceConfig(), precision=precision)
-        state = agent.init(jax.random.PRNGKey(0))
-        published = agent.inference_params(state)
-        actions, outputs, _, _ = jax.jit(agent.act)(published, jax.random.PRNGKey(1), obs, first, {}, {})
-        assert actions.shape == (8,) and actions.dtype == jnp.int32
-        assert outputs["logits"].dtype == jnp.float32 and outputs["logits"].shape == (8, 2)
+        mode = InferencePrecision(agent, spec, precision)
+        published = mode.publish(params)
+        actions, out, core, _ = jax.jit(mode.act)(published, *args)
+        assert actions.shape == (n,) and actions.dtype == jnp.int32
+        assert all(v.dtype != jnp.bfloat16 for v in jax.tree.leaves(core))
+        outputs[precision] = out
+        if precision == "int8":
+            paths = set(quant.quantizable_paths(mode.layers))
+            quantized = {p for p, d in _layer_dicts(published["params"]) if qz.QKERNEL in d}
+            assert quantized == paths and paths  # every quantizable layer published int8
+    if name == "r2d2":
+        paths = {p for p in (l.path for l in InferencePrecision(agent, spec, "int8").layers)}
+        assert any("lstm" in p for p in paths), paths  # the gates' Dense is found inside nn.scan
+    # Outputs of the fp32 network at lower precision, as a first-order check
+    # (the trained-policy agreement is measured in docs/benchmarks.md).
+    key = "logits" if name == "vtrace" else None
+    if key:
+        ref = np.asarray(outputs["fp32"][key])
+        for precision in ("bf16", "int8"):
+            err = np.abs(np.asarray(outputs[precision][key]) - ref).max() / (np.abs(ref).max() + 1e-6)
+            assert err < 0.1, (precision, err)
     with pytest.raises(ValueError, match="int4"):
-        VTraceAgent(spec, config_lib.VTraceConfig(), precision="int4")
+        InferencePrecision(agent, spec, "int4")
+
+
+def test_r2d2_q_values_at_int8_stay_close_to_fp32():
+    """R2D2's Q-values through the int8 mode (LSTM and dueling head quantized)
+    against the fp32 network on the same inputs, over an 8-step unroll."""
+    from seedq.quant.mode import InferencePrecision
+
+    spec, agents = _agents()
+    agent = agents["r2d2"]
+    params = agent.inference_params(agent.init(jax.random.PRNGKey(3)))
+    int8 = InferencePrecision(agent, spec, "int8")
+    int8.plan_int8(params, [8], force=True)
+    published = int8.publish(params)
+    obs = RNG.standard_normal((8, 8, 4)).astype(np.float32)
+    first = np.zeros((8, 8), bool)
+    first[0] = True
+
+    def q_values(p, precision):
+        return quant.apply(agent.network, p, precision, obs, first, agent.network.initial_carry(8),
+                           int8_layers=int8.plan.layers_for(8) if precision == "int8" else None)[0]
+
+    ref, got = np.asarray(q_values(params, "fp32")), np.asarray(q_values(published, "int8"))
+    assert np.abs(got - ref).max() < 0.05 * (np.abs(ref).max() + 1e-6), np.abs(got - ref).max()
+    assert int8.mac_share(8) > 0.5  # the LSTM and the hidden layers: most of the MACs
 
 
 def test_bench_inference_cli_reports_ratios_and_errors():
@@ -583,24 +640,25 @@ def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     np.testing.assert_allclose(all_fp32, ref_logits, rtol=1e-5, atol=1e-6)
 
 
-def test_vtrace_agent_measures_a_plan_and_acts_with_it():
-    from seedq.agents.vtrace.agent import VTraceAgent
-    from seedq.envs import env_spec
+def test_the_precision_mode_measures_a_plan_and_acts_with_it():
+    from seedq.quant.mode import InferencePrecision
 
-    agent = VTraceAgent(env_spec("CartPole-v1"), config_lib.VTraceConfig(), precision="int8")
-    state = agent.init(jax.random.PRNGKey(0))
-    plan = agent.plan_int8(state.params, [8, 16])
-    hidden = set(quant.quantizable_paths(agent._layers))
+    spec, agents = _agents()
+    agent = agents["vtrace"]
+    params = agent.inference_params(agent.init(jax.random.PRNGKey(0)))
+    mode = InferencePrecision(agent, spec, "int8")
+    plan = mode.plan_int8(params, [8, 16])
+    hidden = set(quant.quantizable_paths(mode.layers))
     assert hidden and set(plan.seconds) == {8, 16}
     for batch, row in plan.seconds.items():
         assert set(row) == hidden
         assert all(t["fp32"] > 0 and t["int8"] > 0 for t in row.values())
     assert plan.int8 == qplan.choose_int8_layers(plan.seconds)  # the plan is what the timings say
     obs = RNG.standard_normal((16, 4)).astype(np.float32)
-    actions, outputs, _, _ = jax.jit(agent.act)(
-        agent.inference_params(state), jax.random.PRNGKey(1), obs, np.zeros(16, bool), {}, {})
+    actions, outputs, _, _ = jax.jit(mode.act)(
+        mode.publish(params), jax.random.PRNGKey(1), obs, np.zeros(16, bool), {}, {})
     assert actions.shape == (16,) and outputs["logits"].shape == (16, 2)
-    assert VTraceAgent(env_spec("CartPole-v1"), config_lib.VTraceConfig()).plan_int8(state.params, [8]) is None
+    assert InferencePrecision(agent, spec, "fp32").plan_int8(params, [8]) is None
 
 
 def test_force_int8_needs_int8_precision():

@@ -27,6 +27,7 @@ from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer, _Request
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
+from seedq import schema
 
 EPS = 1e-3
 SPEC = env_spec("CartPole-v1")
@@ -201,7 +202,7 @@ def _episode_batch(agent, seed=0):
     L = agent.sequence_spec().length
     B = CFG.batch_size
     rng = _rng(seed)
-    fields = agent.replay_fields()
+    fields = schema.stored_sequence_shapes(agent, agent.spec)
     batch = {name: np.zeros((B, *f.shape), f.dtype) for name, f in fields.items()}
     batch["obs"] = rng.normal(size=batch["obs"].shape).astype(np.float32)
     batch["action"] = rng.integers(0, 2, (B, L)).astype(np.int32)
@@ -311,7 +312,7 @@ def test_lstm_resets_on_first():
 
 def test_small_images_get_the_small_cnn_and_run():
     """MinAtar's 10x10xC boolean frames (the Nature CNN does not fit them)."""
-    spec = codec.EnvSpec("bool", (10, 10, 4), num_actions=3)
+    spec = schema.EnvSpec("bool", (10, 10, 4), num_actions=3)
     agent = R2D2Agent(spec, CFG, num_envs=8)
     assert agent.network.torso == "small_cnn"
     params = agent.init(jax.random.PRNGKey(2)).params

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from seedq.config import R2D2Config, TrainConfig
-from seedq.learner import checkpoint
+from seedq import checkpoint
+from seedq import schema
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
 
@@ -87,7 +88,7 @@ def _r2d2_config(logdir, **r2d2) -> TrainConfig:
 
 def _marked_sequences(learner: Learner, first: int, count: int) -> dict[str, np.ndarray]:
     """`count` sequences shaped like the server's, obs filled with MARKER + index."""
-    fields = learner.agent.replay_fields()
+    fields = schema.stored_sequence_shapes(learner.agent, learner.spec)
     chunk = {name: np.zeros((count, *f.shape), f.dtype) for name, f in fields.items()}
     chunk["obs"][:] = (MARKER + first + np.arange(count, dtype=np.float32))[:, None, None]
     return chunk

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from seedq.agents.base import StepFieldSpec
+from seedq.schema import StepFieldSpec
 from seedq.agents.r2d2.agent import R2D2Agent
 from seedq.config import R2D2Config
 from seedq.envs import env_spec

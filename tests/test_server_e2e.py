@@ -33,6 +33,7 @@ from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.envs import env_spec
 from seedq.learner.learner import Learner
 from seedq.wire import codec
+from seedq import schema
 
 from queue_tap import QueueTap
 
@@ -65,8 +66,9 @@ import numpy as np
 
 from seedq.v1 import seed_pb2_grpc
 from seedq.wire import codec
+from seedq import schema
 
-CARTPOLE = codec.EnvSpec("float32", (4,), num_actions=2)
+CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
 
 
 class RawStream:
@@ -337,7 +339,7 @@ def test_malformed_messages_get_invalid_argument_while_actor_trains(healthy, raw
 
         # Observation shape of another env.
         def bad_shape():
-            spec = codec.EnvSpec("float32", (5,), num_actions=2)
+            spec = schema.EnvSpec("float32", (5,), num_actions=2)
             open_stream().handshake("bad-shape", uuid.uuid4().hex, 2, spec=spec)
 
         details = expect_refused(bad_shape, "shape")
@@ -345,7 +347,7 @@ def test_malformed_messages_get_invalid_argument_while_actor_trains(healthy, raw
 
         # Action space of another env.
         def bad_actions():
-            spec = codec.EnvSpec("float32", (4,), num_actions=3)
+            spec = schema.EnvSpec("float32", (4,), num_actions=3)
             open_stream().handshake("bad-actions", uuid.uuid4().hex, 2, spec=spec)
 
         expect_refused(bad_actions, "action_space")

@@ -5,9 +5,11 @@ import threading
 import numpy as np
 import pytest
 
-from seedq.agents.base import StepFieldSpec
+from seedq.schema import StepFieldSpec
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.unrolls import QueueClosed, UnrollQueue, UnrollStore
+from seedq.acting.core import EpisodeTracker
+from seedq.acting.store import UnrollStore
+from seedq.server.unrolls import QueueClosed, UnrollQueue
 
 T = 4  # unroll_length: unrolls hold T+1 = 5 steps
 FIELDS = {
@@ -350,9 +352,29 @@ def test_queue_close_wakes_blocked_put():
 # --- EnvTable ----------------------------------------------------------------------
 
 
+class BookedTable(EnvTable):
+    """The env table with the acting core's episode tracker, booked as the
+    server books each step (`InferenceServer.connect` and `_infer`)."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.tracker = EpisodeTracker()
+
+    def connect(self, actor_id, run_id, num_envs):
+        entry, superseded = super().connect(actor_id, run_id, num_envs)
+        self.tracker.ensure_capacity(self.num_slots)
+        self.tracker.start(entry.slots)
+        return entry, superseded
+
+    def observe(self, slots, rewards, terminated, truncated):
+        first, ended, returns, lengths = self.tracker.observe(slots, rewards, terminated, truncated)
+        self.book_episodes(len(slots), returns[ended], lengths[ended])
+        return first
+
+
 def make_table():
     log = EpisodeLog(window=10)
-    return EnvTable(log), log
+    return BookedTable(log), log
 
 
 def test_table_slot_allocation_and_reuse():

@@ -18,8 +18,9 @@ from scipy import stats
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import VTraceConfig
-from seedq.server.inference import InferenceServer
-from seedq.wire.codec import EnvSpec
+from seedq.schema import EnvSpec
+from seedq import schema
+from seedq.quant.mode import InferencePrecision
 
 CARTPOLE = EnvSpec("float32", (4,), num_actions=2)
 SWINGUP = EnvSpec("float32", (5,), action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -34,7 +35,7 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     spec = agent.spec
     core = agent.initial_core_state(n)
     initial = {"core/" + k: np.asarray(v) for k, v in core.items()}
-    fields = InferenceServer._step_fields(agent, spec)
+    fields = schema.step_fields(spec, agent.act_outputs())
     record = {k: [] for k in fields}
     act = jax.jit(agent.act)
     key = jax.random.PRNGKey(seed)
@@ -125,15 +126,16 @@ def test_observations_a_network_cannot_take_are_refused_naming_them(name, obs_sh
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_small_image_network_is_chosen_for_minatar_frames_and_runs(precision):
     """(The Nature CNN crashed on 10x10 inputs with a ZeroDivisionError inside flax.)"""
-    agent = VTraceAgent(MINATAR, VTraceConfig(), precision=precision)
+    agent = VTraceAgent(MINATAR, VTraceConfig())
+    mode = InferencePrecision(agent, MINATAR, precision)
     assert agent.network_name == "small_cnn"
     state = agent.init(jax.random.PRNGKey(0))
     conv = state.params["params"]["SmallCNN_0"]["Conv_0"]["kernel"]
     assert conv.shape == (3, 3, 4, 16)  # MinAtar's reference: one 3x3 conv, 16 channels
     assert state.params["params"]["SmallCNN_0"]["Dense_0"]["kernel"].shape == (8 * 8 * 16, 128)
     obs = np.random.default_rng(0).random((6, 10, 10, 4)) < 0.1
-    actions, dist, _, _ = jax.jit(agent.act)(
-        agent.inference_params(state), jax.random.PRNGKey(1), obs, np.ones(6, bool), {}, {}
+    actions, dist, _, _ = jax.jit(mode.act)(
+        mode.publish(agent.inference_params(state)), jax.random.PRNGKey(1), obs, np.ones(6, bool), {}, {}
     )
     assert actions.shape == (6,) and np.all((0 <= actions) & (actions < 3))
     assert np.all(np.isfinite(dist["logits"]))

@@ -38,7 +38,8 @@ from seedq.learner.learner import Learner
 from seedq.server.service import MAX_MESSAGE_BYTES
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec, impala_codec
-from seedq.wire.codec import EnvSpec, OutOfOrder, ProtocolError
+from seedq.schema import EnvSpec
+from seedq.wire.codec import OutOfOrder, ProtocolError
 
 from queue_tap import QueueTap
 
@@ -549,7 +550,7 @@ def test_valid_step_batches_decode_to_what_was_sent():
 
 def impala_layout() -> UnrollLayout:
     """The CartPole V-trace learner's unroll definition, as an IMPALA learner checks it."""
-    from seedq.learner.learner import make_agent
+    from seedq.agents import make_agent
     from seedq.server.inference import sequence_fields
 
     config = dataclasses.replace(TrainConfig(), env="CartPole-v1",

@@ -6,10 +6,11 @@ learner every `param_pull_every` unrolls (fp32, or int8 as in ActorQ), steps
 its vector env with its own jitted `agent.act`, and sends finished unrolls
 with their behaviour logits, policy versions and initial recurrent state.
 
-Unrolls are assembled by the very classes the SEED server uses (`EnvTable`
-for episode starts and bookkeeping, `UnrollStore` with its overlap), fed the
-same step stream the server would see, so the learner gets identical
-batches from both architectures. The run config (agent, hyperparameters,
+Acting and unroll assembly are the SEED server's own acting core
+(`seedq.acting.core.ActingCore`: episode starts and book-keeping, the step
+record, the unroll store with its overlap, reward clipping), fed the same
+step stream the server would see, so the learner gets identical batches from
+both architectures. The run config (agent, hyperparameters,
 pull period, actor precision) comes from the learner in the handshake reply,
 so actor and learner cannot disagree on it.
 
@@ -19,7 +20,6 @@ SEED actor's (`seed_actor.run_actor`), with `serve_connection` plugged in.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -32,29 +32,14 @@ import numpy as np
 from seedq.actor.seed_actor import ActorStats, FatalActorError
 from seedq.v1 import seed_pb2
 from seedq.wire import codec, impala_codec
+from seedq import schema
 
 log = logging.getLogger("seedq.actor")
 
 
-class _PendingEpisodes:
-    """Stands in for the learner's EpisodeLog: collects episodes until sent."""
-
-    def __init__(self):
-        self.returns: list[float] = []
-        self.lengths: list[int] = []
-
-    def add(self, returns: np.ndarray, lengths: np.ndarray, frames: int) -> None:
-        self.returns.extend(returns.tolist())
-        self.lengths.extend(lengths.tolist())
-
-    def take(self) -> tuple[list[float], list[int]]:
-        out = (self.returns, self.lengths)
-        self.returns, self.lengths = [], []
-        return out
-
-
 class UnrollBuilder:
-    """Local acting plus unroll assembly for one actor's N envs.
+    """Local acting plus unroll assembly for one actor's N envs (slots 0..N-1
+    of its own acting core).
 
     `step(params, version, obs [N, ...], rewards [N], terminated [N],
     truncated [N])` -> (actions [N, ...], finished unrolls or None), where the
@@ -62,65 +47,52 @@ class UnrollBuilder:
     and the unrolls are what the SEED server's store would emit for it.
     """
 
-    def __init__(self, agent, spec: codec.EnvSpec, num_envs: int, rng):
-        import jax
+    def __init__(self, agent, spec: schema.EnvSpec, num_envs: int, rng, *, precision=None,
+                 reward_clip: float = 0.0):
+        """`precision`: an `InferencePrecision` for `agent` (fp32 when None)."""
+        from seedq.acting.core import ActingCore  # JAX: only IMPALA actors need it
+        from seedq.quant.mode import InferencePrecision
 
-        from seedq.server.env_table import EnvTable
-        from seedq.server.inference import sequence_fields, step_record
-        from seedq.server.unrolls import UnrollStore
-
-        self._step_record = step_record  # imported here, like JAX: only IMPALA actors need them
-        fields, initial_only = sequence_fields(agent, spec)
-        sequence = agent.sequence_spec()
-        self.store = UnrollStore(
-            sequence.length, fields, overlap=sequence.overlap, initial_only=initial_only,
-            capacity=num_envs,
-        )
-        self.episodes = _PendingEpisodes()
-        self.table = EnvTable(self.episodes)
-        entry, _ = self.table.connect("local", "local", num_envs)
-        self.slots = entry.slots
-        # Carried between steps exactly as the server's per-slot table; `act`
-        # resets it where `first` says an episode starts.
-        self.core = {k: np.asarray(v) for k, v in agent.initial_core_state(num_envs).items()}
-        self.inputs = agent.actor_inputs(self.slots)
-        self._act = jax.jit(agent.act)
+        precision = precision or InferencePrecision(agent, spec, "fp32")
+        self.core = ActingCore(agent, spec, precision, reward_clip=reward_clip, capacity=num_envs)
+        self.slots = np.arange(num_envs)
         self.rng = rng
-        self._frames_reported = 0
+        self._frames = 0
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
 
     def step(self, params, version: int, obs, rewards, terminated, truncated):
-        first = self.table.observe(self.slots, rewards, terminated, truncated)
-        actions, outputs, new_core, self.rng = self._act(
-            params, self.rng, obs, first, self.core, self.inputs
-        )
-        actions = np.asarray(actions)
-        step = self._step_record(
-            obs, rewards, terminated, truncated, first, actions, version,
-            {k: np.asarray(v) for k, v in outputs.items()}, self.core,
-        )
-        self.core = {name: np.asarray(new_core[name]) for name in self.core}
-        return actions, self.store.append(self.slots, step)
+        result, self.rng = self.core.step(params, version, self.rng, self.slots, obs, rewards,
+                                          terminated, truncated)
+        self._frames += len(self.slots)
+        self._returns += result.ended_returns.tolist()
+        self._lengths += result.ended_lengths.tolist()
+        return result.actions, result.unrolls
 
     def take_progress(self) -> tuple[int, list[float], list[int]]:
         """(frames stepped, episode returns, lengths) since the last call."""
-        frames = self.table.frames - self._frames_reported
-        self._frames_reported = self.table.frames
-        return (frames, *self.episodes.take())
+        out = (self._frames, self._returns, self._lengths)
+        self._frames, self._returns, self._lengths = 0, [], []
+        return out
 
 
-def agent_for(config, spec: codec.EnvSpec):
-    """The agent as actors run it: the learner's config at the actor precision."""
-    from seedq.learner.learner import make_agent
+def acting_for(config, spec: schema.EnvSpec):
+    """(agent, its precision mode) as actors run them: the learner's agent at
+    the actor precision."""
+    from seedq.agents import make_agent
+    from seedq.quant.mode import InferencePrecision
 
-    return make_agent(dataclasses.replace(config, precision=config.actor_precision), spec)
+    agent = make_agent(config, spec)
+    return agent, InferencePrecision(agent, spec, config.actor_precision)
 
 
-def expected_params(agent):
-    """Shapes/dtypes of the parameters the learner publishes for `agent`."""
+def expected_params(agent, precision):
+    """Shapes/dtypes of the parameters the learner publishes for `agent` at `precision`."""
     import jax
 
     return jax.eval_shape(
-        lambda key: agent.inference_params(agent.init(key)), jax.ShapeDtypeStruct((2,), np.uint32)
+        lambda key: precision.publish(agent.inference_params(agent.init(key))),
+        jax.ShapeDtypeStruct((2,), np.uint32),
     )
 
 
@@ -179,11 +151,14 @@ async def serve_connection(
         if ack is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
         config = config_lib.from_dict(config_lib.TrainConfig, json.loads(ack.config_json))
-        agent = agent_for(config, spec)
-        expected = expected_params(agent)
+        from seedq.acting.core import training_reward_clip
+
+        agent, precision = acting_for(config, spec)
+        expected = expected_params(agent, precision)
         stats.connections += 1
         log.info("impala actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.learner_run)
-        builder = UnrollBuilder(agent, spec, num_envs, jax.random.PRNGKey(seed))
+        builder = UnrollBuilder(agent, spec, num_envs, jax.random.PRNGKey(seed), precision=precision,
+                                reward_clip=training_reward_clip(config))
         params, version = await pull_params(stub, actor_id, -1, stats, expected)
         obs, _ = env.reset(seed=seed)
         rewards = np.zeros(num_envs, np.float32)

@@ -31,6 +31,7 @@ from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.wire import codec
 from seedq.wire.metered import ByteCounter, MeteredStub
+from seedq import schema
 
 log = logging.getLogger("seedq.actor")
 
@@ -221,7 +222,7 @@ async def run_actor(
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
     env = make_vector_env(env_id, num_envs, options=options)
-    spec = codec.spec_from_spaces(env.single_observation_space, env.single_action_space)
+    spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
     attempt = suspected_in_a_row = 0
     try:
@@ -288,7 +289,7 @@ def exit_with_parent(parent_pid: int) -> None:
 def main(args, connection=None, prog: str = "seedq actor") -> int:
     """Entry point of `seedq actor` (and, with its `connection`, of `seedq
     impala-actor`); returns the process exit code."""
-    from seedq.cli import config_from_args
+    from seedq.flags import config_from_args
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")

@@ -10,36 +10,14 @@ the learner calls `update` on the batches it yields, and publishes
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from seedq.schema import SequenceSpec, StepFieldSpec
+
 Params = Any
 ArrayTree = Any
-
-
-class StepFieldSpec(NamedTuple):
-    """Shape (per env) and dtype of one per-step array the server records."""
-
-    shape: tuple[int, ...]
-    dtype: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceSpec:
-    """How the server cuts each env's stream of steps into training sequences.
-
-    Consecutive sequences share `overlap` steps: 1 for V-trace (the bootstrap
-    observation), burn-in + n-step for R2D2, so that every step is trained on.
-    """
-
-    length: int
-    overlap: int
-
-    def __post_init__(self):
-        if not 0 <= self.overlap < self.length:
-            raise ValueError(f"sequence overlap {self.overlap} must be in [0, length={self.length})")
 
 
 class BatchSource(Protocol):

@@ -157,7 +157,7 @@ class FinishedRun:
 def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str) -> FinishedRun:
     """Runs `config` as a fresh `seedq train` process (only the flags that differ
     from the env's defaults); raises RuntimeError naming `what` if it fails."""
-    from seedq.cli import config_flags
+    from seedq.flags import config_flags
 
     config.validate()
     cmd = [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), "--quiet"]

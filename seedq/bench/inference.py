@@ -158,22 +158,21 @@ def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 
     0.01 / 0.05, where a tiny logit error already flips the greedy action.
     """
     from seedq import config as config_lib
+    from seedq import checkpoint
     from seedq.agents.vtrace.agent import VTraceAgent
     from seedq.envs import env_spec
-    from seedq.learner import checkpoint
+    from seedq.quant.mode import InferencePrecision
 
     cfg = config_lib.load(os.path.join(run_dir, "config.json"))
     spec = env_spec(cfg.env)
-    agents = {
-        p: VTraceAgent(spec, cfg.vtrace, precision=p, frame_stack=cfg.frame_stack)
-        for p in quant.PRECISIONS
-    }
-    like = agents["fp32"].init(jax.random.PRNGKey(0))
+    agent = VTraceAgent(spec, cfg.vtrace, frame_stack=cfg.frame_stack)
+    like = agent.init(jax.random.PRNGKey(0))
     snapshot, step_dir = checkpoint.restore(run_dir, like, jax.random.PRNGKey(0), env=cfg.env)
-    net = agents["fp32"].network
+    net = agent.network
     forward = {}
-    for p, agent in agents.items():
-        published = agent.inference_params(snapshot.state)
+    for p in quant.PRECISIONS:
+        mode = InferencePrecision(agent, spec, p)
+        published = mode.publish(agent.inference_params(snapshot.state))
         # One time step of a feed-forward policy: obs [N, D] -> logits [N, A].
         forward[p] = jax.jit(lambda o, p=p, published=published: quant.apply(
             net, published, p, o[None], jnp.zeros((1, len(o)), bool), None)[0]["logits"][0])

@@ -296,7 +296,7 @@ class Soak:
         return True
 
     def _kill_learner(self, stats: dict) -> None:
-        from seedq.learner import checkpoint
+        from seedq import checkpoint
 
         killed_pid = self.learner.pid
         self.learner.send_signal(signal.SIGKILL)
@@ -385,7 +385,7 @@ class Soak:
         return first is not None and now >= max(rss_at, first + rss_at)
 
     def _has_checkpoint(self) -> bool:
-        from seedq.learner import checkpoint
+        from seedq import checkpoint
 
         try:
             checkpoint.locate(self.run_dir)

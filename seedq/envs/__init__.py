@@ -46,7 +46,7 @@ import gymnasium as gym
 import numpy as np
 
 from seedq.config import AtariConfig, DmcConfig, EnvOptions
-from seedq.wire.codec import EnvSpec, spec_from_spaces
+from seedq.schema import EnvSpec, spec_from_spaces
 
 # Registers seedq's own check environments (e.g. seedq/CartPoleNoVelocity-v1)
 # wherever envs are made: learner, actors, benchmarks.

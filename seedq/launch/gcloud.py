@@ -90,7 +90,7 @@ def learner_files(config: TrainConfig) -> dict[str, str]:
 
 def learner_command(config: TrainConfig, opts: VmOptions) -> list[str]:
     """`seedq learner` on the VM: every config flag, credentials at their copied paths, --resume auto."""
-    from seedq.cli import config_flags
+    from seedq.flags import config_flags
 
     replace = {}
     for (section, field), remote in _LEARNER_FILES.items():
@@ -131,7 +131,7 @@ def actor_secrets(config: TrainConfig, opts: VmOptions) -> dict[str, tuple[str, 
 
 def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
     """The actor VMs' startup script: install seedq, fetch the credentials, one systemd unit per process."""
-    from seedq.cli import config_flags
+    from seedq.flags import config_flags
     from seedq.config import EnvOptions
 
     command = "impala-actor" if config.architecture == "impala" else "actor"

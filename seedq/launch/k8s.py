@@ -111,7 +111,7 @@ def learner_command() -> list[str]:
 def actor_command(config: TrainConfig, opts: K8sOptions, host: int) -> list[str]:
     """One actor process dialling learner host `host`. $(POD_NAME) is expanded by Kubernetes."""
     command = "impala-actor" if config.architecture == "impala" else "actor"
-    from seedq.cli import config_flags
+    from seedq.flags import config_flags
 
     args = [
         "seedq", command,
@@ -404,7 +404,7 @@ def examples() -> dict[str, tuple[TrainConfig, K8sOptions]]:
 
 def example_command(file_name: str) -> str:
     """The `seedq launch k8s` command line that renders an example."""
-    from seedq.cli import config_flags
+    from seedq.flags import config_flags
 
     config, opts = examples()[file_name]
     words = ["seedq", "launch", "k8s"] + config_flags(opts, K8sOptions) + config_flags(config)

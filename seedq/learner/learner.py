@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import logging
 import threading
@@ -23,12 +22,15 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq import grpc_setup, jax_setup
-from seedq.agents.vtrace.agent import VTraceAgent
+from seedq import grpc_setup, jax_setup, schema
+from seedq.acting.core import training_reward_clip
+from seedq.agents import make_agent
 from seedq.config import TrainConfig
-from seedq.envs import env_kind, env_spec
+from seedq.envs import env_spec
+from seedq.quant.mode import InferencePrecision
+from seedq.schema import BEHAVIOUR_VERSION
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import BEHAVIOUR_VERSION, InferenceServer, bucket_sizes
+from seedq.server.inference import InferenceServer, bucket_sizes
 from seedq.server.service import LearnerService, start_server
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
@@ -36,21 +38,6 @@ log = logging.getLogger("seedq.learner")
 
 # Train-step gaps longer than this are kept (stats.json `long_train_step_gaps`).
 LONG_GAP_SECONDS = 0.5
-
-
-def make_agent(config: TrainConfig, spec):
-    if config.agent == "vtrace":
-        return VTraceAgent(
-            spec, config.vtrace, precision=config.precision, frame_stack=config.frame_stack
-        )
-    if config.agent == "r2d2":
-        from seedq.agents.r2d2.agent import R2D2Agent
-
-        return R2D2Agent(
-            spec, config.r2d2, num_envs=config.num_actors * config.envs_per_actor, seed=config.seed,
-            frame_stack=config.frame_stack,
-        )
-    raise ValueError(f"agent={config.agent!r} is not available")
 
 
 class Learner:
@@ -64,14 +51,16 @@ class Learner:
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
         self.state = jax.jit(self.agent.init)(init_rng)
-        if config.precision == "int8":
-            # Per-layer int8/fp32 choice at the server's padded batch sizes,
-            # fixed for the run (seedq.quant.plan).
-            plan = self.agent.plan_int8(
-                self.state.params, bucket_sizes(config.server.max_batch_size),
-                force=config.quant.force_int8,
-            )
-            log.info("%s", plan.describe())
+        # Inference precision is a mode of the server, for any agent.
+        self.precision = InferencePrecision(self.agent, self.spec, config.precision)
+        # int8: the per-layer int8/fp32 choice at the server's padded batch
+        # sizes, fixed for the run (seedq.quant.plan); None otherwise.
+        self.int8_plan = self.precision.plan_int8(
+            self.agent.inference_params(self.state), bucket_sizes(config.server.max_batch_size),
+            force=config.quant.force_int8,
+        )
+        if self.int8_plan is not None:
+            log.info("%s", self.int8_plan.describe())
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)
@@ -84,9 +73,10 @@ class Learner:
             max_batch_size=config.server.max_batch_size,
             batch_timeout_ms=config.server.batch_timeout_ms,
             rng=act_rng,
-            reward_clip=1.0 if env_kind(config.env) == "atari" and config.atari.clip_rewards else 0.0,
+            reward_clip=training_reward_clip(config),
+            precision=self.precision,
         )
-        self.inference.publish(self.agent.inference_params(self.state), self.version)
+        self.inference.publish(self.published_params(self.state), self.version)
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
@@ -123,6 +113,11 @@ class Learner:
         self._update = jax.jit(self.agent.update)
         self.batches = self.agent.make_batch_source(self.queue)
 
+    def published_params(self, state):
+        """The parameters the server acts with: the agent's fp32 inference
+        parameters at the server's precision."""
+        return self.precision.publish(self.agent.inference_params(state))
+
     # --- lifecycle ---
 
     def restore(self, snapshot) -> None:
@@ -138,9 +133,9 @@ class Learner:
         window = snapshot.episode_window
         self.episodes.restore(counters["episodes"], window.get("returns", []), window.get("lengths", []))
         self.inference.set_rng(jax.device_put(snapshot.rng))
-        self.inference.publish(self.agent.inference_params(self.state), self.version)
+        self.inference.publish(self.published_params(self.state), self.version)
         if snapshot.replay is not None and self.checkpoints_replay:
-            from seedq.learner.checkpoint import CheckpointError
+            from seedq.checkpoint import CheckpointError
 
             try:
                 self.batches.restore_checkpoint_state(*snapshot.replay)
@@ -213,12 +208,12 @@ class Learner:
             return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
         from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
 
-        # The agent as the actors run it: only its precision differs (ActorQ int8).
-        precision = self.config.actor_precision
-        actor_agent = make_agent(dataclasses.replace(self.config, precision=precision), self.spec)
-        self.params_publisher = ParamsPublisher(actor_agent, self.snapshot, precision)
+        # The same agent at the actors' precision (ActorQ int8).
+        actor_precision = InferencePrecision(self.agent, self.spec, self.config.actor_precision)
+        self.params_publisher = ParamsPublisher(self.agent, actor_precision, self.snapshot)
         return ImpalaLearnerService(
-            self.inference, self.learner_run, max_envs, publisher=self.params_publisher,
+            self.agent, self.spec, self.table, self.queue, self.learner_run, max_envs,
+            publisher=self.params_publisher,
             config_json=json.dumps(config_lib.to_dict(self.config)),
             current_version=lambda: self.version, peer_timeout_seconds=peer_timeout,
         )
@@ -278,7 +273,7 @@ class Learner:
                     self.trained_frames += frames_per_batch
                 self._record_step_time(time.monotonic())
                 published = time.perf_counter()
-                params = jax.block_until_ready(self.agent.inference_params(state))
+                params = jax.block_until_ready(self.published_params(state))
                 self.inference.publish(params, self.version)
                 self.publish_seconds_total += time.perf_counter() - published
                 self.publishes += 1
@@ -311,14 +306,10 @@ class Learner:
         """Compiles the update while the first sequences are being collected."""
         source = getattr(self.batches, "example_batch", None)
         if source is None:
-            store = self.inference.store
             size = getattr(self.batches, "batch_size", 1)
             zeros = {
-                name: np.zeros(
-                    (size,) + (() if name in store.initial_only else (store.length,)) + f.shape,
-                    f.dtype,
-                )
-                for name, f in store.fields.items()
+                name: np.zeros((size, *f.shape), f.dtype)
+                for name, f in schema.stored_sequence_shapes(self.agent, self.spec).items()
             }
         else:
             zeros = source()

@@ -31,7 +31,7 @@ from tensorboardX import SummaryWriter
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
-from seedq.learner import checkpoint
+from seedq import checkpoint
 
 
 def _source_stats(learner) -> dict:
@@ -276,9 +276,9 @@ class RunReporter:
         from seedq.evaluate import Policy, evaluate
 
         learner = self.learner
-        params = learner.agent.inference_params(learner.snapshot()[0])
+        params = learner.published_params(learner.snapshot()[0])  # at the server's precision
         if self._eval_policy is None:  # one policy object: its jitted step compiles once
-            self._eval_policy = Policy(learner.agent, params, greedy=True)
+            self._eval_policy = Policy(learner.precision, params, greedy=True)
         self._eval_policy.params = params
         return evaluate(
             self._eval_policy, self.config.env, self.config.eval_episodes, self.config.eval_seed,
@@ -370,7 +370,7 @@ class RunReporter:
             f"| infer batch {stats.mean_batch_size():5.1f} p99 {p99} "
             f"| queue {len(learner.queue):>4}/{learner.queue.capacity} "
             f"| actors {learner.table.num_connected} "
-            f"| {self.config.precision}{_int8_share_text(learner.agent)}"
+            f"| {self.config.precision}{_int8_share_text(learner)}"
             + ("" if loss is None else f" | loss {loss:8.4f}")
             # A policy collapsing to one action shows here first (learning health).
             + ("" if entropy is None else f" | entropy {entropy:5.3f}")
@@ -414,7 +414,7 @@ class RunReporter:
             "architecture": self.config.architecture,
             "precision": self.config.precision,
             # int8: the measured per-layer plan (share of MACs in int8 per padded batch size).
-            "int8_plan": _int8_plan(learner.agent),
+            "int8_plan": _int8_plan(learner),
             "frames": learner.table.frames,
             "trained_frames": learner.trained_frames,
             "train_steps": learner.train_steps,
@@ -470,15 +470,15 @@ class RunReporter:
         return summary
 
 
-def _int8_plan(agent) -> dict | None:
-    plan = getattr(agent, "int8_plan", None)
+def _int8_plan(learner) -> dict | None:
+    plan = getattr(learner, "int8_plan", None)
     return None if plan is None else plan.to_dict()
 
 
-def _int8_share_text(agent) -> str:
+def _int8_share_text(learner) -> str:
     """' MACs 12-96%': the range over batch sizes of the share of the network's
     multiply-accumulates run in int8 (empty unless an int8 plan is in use)."""
-    plan = getattr(agent, "int8_plan", None)
+    plan = getattr(learner, "int8_plan", None)
     if plan is None:
         return ""
     shares = [round(100 * s) for s in plan.mac_shares().values()]

@@ -151,8 +151,19 @@ def apply(module: nn.Module, published, precision: str, *args, method=None,
     size (`Int8Plan.layers_for`); a layer outside it that was also published
     with its fp32 kernel runs in fp32. None: every int8-published layer in int8.
     """
+    return run_at_precision(
+        lambda *a, **kw: module.apply(published, *a, method=method, **kw), precision, *args,
+        conv_impl=conv_impl, int8_layers=int8_layers, **kwargs,
+    )
+
+
+def run_at_precision(fn: Callable, precision: str, *args, conv_impl: str | None = None,
+                     int8_layers: frozenset | None = None, **kwargs):
+    """`fn(*args)` with every flax Dense/Conv it applies run at `precision`, on
+    the published parameters `fn` passes to its networks (see `apply`).
+    Floating outputs are float32. Jittable."""
     if precision == "fp32":
-        return module.apply(published, *args, method=method, **kwargs)
+        return fn(*args, **kwargs)
     if precision not in qz.PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(qz.PRECISIONS)}")
     policy = conv_impl or default_conv_policy()
@@ -162,7 +173,7 @@ def apply(module: nn.Module, published, precision: str, *args, method=None,
     token = _ACTIVE.set(state)
     try:
         with nn.intercept_methods(_intercept):
-            out = module.apply(published, *args, method=method, **kwargs)
+            out = fn(*args, **kwargs)
     finally:
         _ACTIVE.reset(token)
     return jax.tree.map(
@@ -552,10 +563,19 @@ class LayerInfo:
 
 
 def find_layers(module: nn.Module, *args, method=None, **kwargs) -> list[LayerInfo]:
-    """Traces `module.init(rng, *args)` abstractly and lists its Dense/Conv calls.
+    """Traces `module.init(rng, *args)` abstractly and lists its Dense/Conv calls."""
+    return find_layers_in(
+        lambda *a, **kw: module.init(jax.random.PRNGKey(0), *a, method=method, **kw), *args, **kwargs
+    )
 
-    Layers called more than once (shared weights) are listed once, with the
-    first call's input.
+
+def find_layers_in(fn: Callable, *args, **kwargs) -> list[LayerInfo]:
+    """Traces `fn(*args)` abstractly and lists the Dense/Conv calls of every flax
+    network it applies (paths inside that network's "params" collection).
+
+    Any function that applies its networks on their variables works: an
+    agent's whole acting function as much as one `module.init`. Layers called
+    more than once (shared weights) are listed once, with the first call's input.
     """
     found: dict[tuple[str, ...], LayerInfo] = {}
     state = _ApplyState("int8", "patches")
@@ -580,15 +600,15 @@ def find_layers(module: nn.Module, *args, method=None, **kwargs) -> list[LayerIn
 
     state.record = record
 
-    def init(*a, **kw):
+    def traced(*a, **kw):
         token = _ACTIVE.set(state)
         try:
             with nn.intercept_methods(_intercept):
-                return module.init(jax.random.PRNGKey(0), *a, method=method, **kw)
+                return fn(*a, **kw)
         finally:
             _ACTIVE.reset(token)
 
-    jax.eval_shape(init, *args, **kwargs)
+    jax.eval_shape(traced, *args, **kwargs)
     return list(found.values())
 
 

@@ -137,7 +137,8 @@ def quantize_layer(node: Mapping, equalize: bool = True, keep_fp32: bool = False
 def publish(params: Any, precision: str, layers=None) -> Any:
     """Turns an fp32 flax params pytree into what the inference server runs.
 
-    fp32: returned unchanged. bf16: every floating leaf cast to bfloat16.
+    fp32: returned unchanged. bf16: every floating leaf of the "params" collection
+    (of the whole tree when it has none) cast to bfloat16.
     int8: each Dense/Conv layer's {"kernel", "bias"} becomes
     {"kernel_q" int8, "kernel_scale" fp32 [out], "input_scale" fp32 [in],
     "bias" fp32} (see `quantize_layer`); everything else stays fp32.
@@ -154,9 +155,16 @@ def publish(params: Any, precision: str, layers=None) -> Any:
     if precision == "fp32":
         return params
     if precision == "bf16":
-        return jax.tree.map(
-            lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
-        )
+        def cast(tree):
+            return jax.tree.map(
+                lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+            )
+
+        # Only the network's variables: statistics stored beside them (running
+        # observation or return statistics) stay fp32.
+        if isinstance(params, Mapping) and "params" in params:
+            return {k: cast(v) if k == "params" else v for k, v in params.items()}
+        return cast(params)
     if precision != "int8":
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     if layers is None:

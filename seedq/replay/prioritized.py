@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from seedq.agents.base import StepFieldSpec
+from seedq.schema import StepFieldSpec
 from seedq.replay.sum_tree import SumTree
 
 # Priorities are floored here so that a sequence whose TD errors are all zero

@@ -1,11 +1,11 @@
-"""Per-env state on the learner, keyed by (actor_id, env_index).
+"""Which actor owns which env slots on the learner, and the run's episode log.
 
 Each connected actor owns a contiguous block of *slots*; slot = block start +
 env index, so a request's envs map to slots with one vectorised add and every
-per-env array (episode return, previous done, recurrent state, the unroll
-under construction) is indexed by slot. A new run id from a known actor means
-it restarted: its previous block is released (partial unrolls dropped) and a
-fresh one is handed out.
+per-env array of the acting core (`seedq.acting.core`: episode book-keeping,
+recurrent state, the unroll under construction) is indexed by slot. A new run
+id from a known actor means it restarted: its previous block is released
+(partial unrolls dropped) and a fresh one is handed out.
 
 Everything here runs on the server's event-loop thread, except
 `EpisodeLog`, which the progress/metrics thread also reads (hence its lock).
@@ -92,9 +92,6 @@ class EnvTable:
         self.runs_started = 0
         self.runs_dropped = 0
         self.frames = 0
-        self._episode_return = np.zeros(0, np.float64)
-        self._episode_length = np.zeros(0, np.int64)
-        self._needs_reset = np.zeros(0, bool)  # next step of this slot starts an episode
 
     @property
     def num_slots(self) -> int:
@@ -118,7 +115,6 @@ class EnvTable:
         if old is not None and not old.closed:
             self.release(old)
         entry = ActorEntry(actor_id, run_id, num_envs, self._allocate(num_envs))
-        self._needs_reset[entry.slots] = True
         self._actors[actor_id] = entry
         self.runs_started += 1
         return entry, old
@@ -155,37 +151,12 @@ class EnvTable:
                     self._free[i] = (start + size, block - size)
                 return start
         start = self._next_slot
-        if start + size > len(self._needs_reset):
-            # Grow first: if this fails, the table stays consistent.
-            grow = max(start + size, 2 * len(self._needs_reset))
-            self._episode_return = np.resize(self._episode_return, grow)
-            self._episode_length = np.resize(self._episode_length, grow)
-            self._needs_reset = np.resize(self._needs_reset, grow)
         self._next_slot = start + size
         return start
 
-    def observe(
-        self, slots: np.ndarray, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
-    ) -> np.ndarray:
-        """Books one env step per slot; returns `first` flags (step starts an episode).
-
-        The reward arriving with a first step belongs to no episode (it is the
-        reset step's 0, or nothing at all on connection).
-        """
-        first = self._needs_reset[slots]
-        ret = np.where(first, 0.0, self._episode_return[slots] + rewards)
-        length = np.where(first, 0, self._episode_length[slots] + 1)
-        ended = (terminated | truncated) & ~first
-        self._episode_return[slots] = ret
-        self._episode_length[slots] = length
-        self._needs_reset[slots] = ended
-        self.frames += len(slots)
-        if ended.any():
-            self.episodes.add(ret[ended], length[ended], self.frames)
-        return first
-
     def book_episodes(self, frames: int, returns: np.ndarray, lengths: np.ndarray) -> None:
-        """Books steps an IMPALA actor took (and the episodes it ended) on its own."""
+        """Books env steps (acted here, or by an IMPALA actor on its own) and the
+        episodes they ended."""
         self.frames += int(frames)
         if len(returns):
             self.episodes.add(np.asarray(returns, np.float64), np.asarray(lengths, np.int64), self.frames)

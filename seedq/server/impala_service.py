@@ -22,7 +22,8 @@ import grpc
 import jax
 import numpy as np
 
-from seedq.server.inference import BEHAVIOUR_VERSION, ServerClosing
+from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
+from seedq.server.inference import ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.unrolls import QueueClosed
 from seedq.v1 import seed_pb2
@@ -35,15 +36,17 @@ class ParamsPublisher:
     """Serialized actor parameters of the newest policy version, made on demand.
 
     `snapshot()` -> (learner state, ..., version) as `Learner.snapshot`;
-    `agent.inference_params(state)` gives the pytree actors run (quantized
-    when the agent's precision is int8). Serialization happens at most once
-    per version, however many actors pull it.
+    the agent's inference parameters published at the actors' precision
+    (`seedq.quant.mode.InferencePrecision`; int8 as in ActorQ) are what actors
+    run. Serialization happens at most once per version, however many actors
+    pull it.
     """
 
-    def __init__(self, agent, snapshot, precision: str):
+    def __init__(self, agent, precision, snapshot):
         self.agent = agent
+        self.mode = precision
+        self.precision = precision.precision
         self.snapshot = snapshot
-        self.precision = precision
         self._lock = threading.Lock()
         self._cached: tuple[int, bytes] | None = None
         self.serialize_seconds = 0.0
@@ -54,21 +57,24 @@ class ParamsPublisher:
         with self._lock:
             if self._cached is None or self._cached[0] != version:
                 started = time.perf_counter()
-                params = jax.device_get(self.agent.inference_params(state))
+                params = jax.device_get(self.mode.publish(self.agent.inference_params(state)))
                 self._cached = (version, impala_codec.serialize_params(params))
                 self.serialize_seconds += time.perf_counter() - started
             return self._cached
 
 
 class ImpalaLearnerService(LearnerService):
-    def __init__(self, inference, learner_run: str, max_envs_per_actor: int, *,
+    """IMPALA mode: no inference here; actors' unrolls go straight to `queue`."""
+
+    def __init__(self, agent, spec, table, queue, learner_run: str, max_envs_per_actor: int, *,
                  publisher: ParamsPublisher, config_json: str, current_version, **kwargs):
-        super().__init__(inference, learner_run, max_envs_per_actor, **kwargs)
+        super().__init__(None, learner_run, max_envs_per_actor, spec=spec, **kwargs)
+        self.table, self.queue = table, queue
         self.publisher = publisher
         self.config_json = config_json
         self.current_version = current_version  # () -> the learner's policy version
-        store = inference.store
-        self.fields, self.length, self.initial_only = store.fields, store.length, store.initial_only
+        self.fields, self.initial_only = sequence_fields(agent, spec)
+        self.length = agent.sequence_spec().length
 
     async def Stream(self, request_iterator, context):
         await context.abort(
@@ -108,7 +114,7 @@ class ImpalaLearnerService(LearnerService):
         guard.who = f"impala actor {entry.actor_id} run {entry.run_id}"
         log.info("impala actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         self.idle.rename(task, f"actor {entry.actor_id}")
-        table, queue = self.inference.table, self.inference.queue
+        table, queue = self.table, self.queue
         try:
             async with guard:
                 await context.write(seed_pb2.UnrollAck(
@@ -123,12 +129,9 @@ class ImpalaLearnerService(LearnerService):
                         raise codec.OutOfOrder("unrolls", "a second handshake on one stream")
                     unrolls, frames, returns, lengths = impala_codec.decode_unrolls(
                         message, self.fields, self.length, self.initial_only, entry.num_envs,
-                        num_actions=self.inference.spec.num_actions,
+                        num_actions=self.spec.num_actions,
                     )
                     self.check_versions(unrolls[BEHAVIOUR_VERSION])
-                    clip = self.inference.reward_clip  # learner-side, as in SEED mode (Atari)
-                    if clip > 0:
-                        unrolls["reward"] = np.clip(unrolls["reward"], -clip, clip)
                     try:
                         if not queue.try_put(unrolls):
                             # Full: this stream waits (and so does its actor) for training.
@@ -143,7 +146,7 @@ class ImpalaLearnerService(LearnerService):
     def connect_actor(self, handshake):
         """Registers an IMPALA actor in the env table (no inference slots of its own)."""
         try:
-            return self.inference.table.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+            return self.table.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
         except ValueError as e:  # "actor ... run ... is already connected"
             raise codec.ProtocolError("handshake.run_id", str(e)) from None
 

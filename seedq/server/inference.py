@@ -4,9 +4,11 @@ Stream handlers `submit` one decoded StepBatch each and await its actions.
 The batch loop gathers requests across streams until it holds
 `max_batch_size` env steps, every stream the previous batch answered has sent
 its next request, or `batch_timeout_ms` passed since the first one arrived;
-then it runs a single jitted inference call padded to a fixed bucket size (so
-steady state never recompiles), books the step into every env's unroll, hands finished unrolls
-to the learner queue (waiting while it is full: backpressure), and answers.
+then it hands the whole batch to the acting core (`seedq.acting.core`: one
+jitted `act` at the server's inference precision, padded to a fixed bucket
+size so steady state never recompiles; episode book-keeping; the step into
+every env's unroll), hands finished unrolls to the learner queue (waiting
+while it is full: backpressure), and answers.
 
 The batcher never waits on a particular stream for longer than one batch
 timeout: a stream that missed a batch's deadline is no longer awaited until
@@ -30,21 +32,14 @@ import time
 import jax
 import numpy as np
 
-from seedq.agents.base import StepFieldSpec
+from seedq.acting.core import ActingCore
+from seedq.quant.mode import InferencePrecision
+from seedq.schema import EnvSpec
 from seedq.server.env_table import ActorEntry, EnvTable
-from seedq.server.unrolls import QueueClosed, UnrollQueue, UnrollStore
-from seedq.wire.codec import EnvSpec, Steps
+from seedq.server.unrolls import QueueClosed, UnrollQueue
+from seedq.wire.codec import Steps
 
 log = logging.getLogger("seedq.server")
-
-
-def _pad(x: np.ndarray, size: int, fill=0) -> np.ndarray:
-    """Pads axis 0 to `size` (fixed shapes: one compiled program per bucket)."""
-    if len(x) == size:
-        return x
-    out = np.full((size, *x.shape[1:]), fill, x.dtype)
-    out[: len(x)] = x
-    return out
 
 
 def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
@@ -55,10 +50,6 @@ def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
         size *= 2
     sizes.append(max_batch_size)
     return tuple(sizes)
-
-
-# Per-step field: the policy version that chose the step's action.
-BEHAVIOUR_VERSION = "policy_version"
 
 
 class ServerClosing(Exception):
@@ -111,40 +102,6 @@ class InferenceStats:
         return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
 
-def step_record(obs, rewards, terminated, truncated, first, actions, version: int,
-                outputs: dict, core_before: dict) -> dict[str, np.ndarray]:
-    """One step of n envs as the unroll store records it (`sequence_fields`):
-    what the actor sent, what `act` chose and returned, the policy version, and
-    the core state the step was acted from (`core/<name>`). The SEED server
-    and the IMPALA actor both build steps here, so their unrolls match."""
-    return {
-        "obs": obs,
-        "reward": rewards,
-        "terminated": terminated,
-        "truncated": truncated,
-        "first": first,
-        "action": actions,
-        BEHAVIOUR_VERSION: np.full(len(actions), version, np.int32),
-        **outputs,
-        **{"core/" + name: value for name, value in core_before.items()},
-    }
-
-
-def sequence_fields(agent, spec: EnvSpec) -> tuple[dict[str, StepFieldSpec], frozenset[str]]:
-    """(fields, initial_only) of the sequences the learner trains on.
-
-    Per-step fields (what the actor sent plus what `act` chose) and the
-    recurrent state at a sequence's first step, "core/<name>". IMPALA actors
-    build their unrolls from the same definition, so both architectures hand
-    the learner identical batches.
-    """
-    core = {
-        "core/" + k: StepFieldSpec(np.shape(v)[1:], np.asarray(v).dtype)
-        for k, v in agent.initial_core_state(1).items()
-    }
-    return {**InferenceServer._step_fields(agent, spec), **core}, frozenset(core)
-
-
 class InferenceServer:
     def __init__(
         self,
@@ -157,24 +114,21 @@ class InferenceServer:
         batch_timeout_ms: float,
         rng: jax.Array,
         reward_clip: float = 0.0,
+        precision: InferencePrecision | None = None,
     ):
+        """`precision`: the inference precision mode (fp32 when None); `publish`
+        takes parameters already published at it. `reward_clip` > 0: training
+        rewards are clipped to [-reward_clip, reward_clip] (Atari); episode
+        returns are booked from the unclipped rewards."""
         self.agent = agent
         self.spec = spec
         self.table = table
         self.queue = queue
         self.max_batch_size = max_batch_size
         self.timeout = batch_timeout_ms / 1000.0
-        # > 0: rewards recorded for training are clipped to [-reward_clip, reward_clip]
-        # (Atari); episode returns are booked from the unclipped rewards.
-        self.reward_clip = reward_clip
         self.buckets = bucket_sizes(max_batch_size)
-        sequence = agent.sequence_spec()
-        # Recurrent state per env slot, kept between steps (empty for MLPs).
-        self._core = {k: np.asarray(v) for k, v in agent.initial_core_state(64).items()}
-        fields, initial_only = sequence_fields(agent, spec)
-        self.store = UnrollStore(
-            sequence.length, fields, overlap=sequence.overlap, initial_only=initial_only
-        )
+        self.precision = precision or InferencePrecision(agent, spec, "fp32")
+        self.core = ActingCore(agent, spec, self.precision, reward_clip=reward_clip)
         self.stats = InferenceStats()
         self._rng = rng
         self._published: tuple[object, int] | None = None
@@ -185,31 +139,22 @@ class InferenceServer:
         self._awaited: set[ActorEntry] = set()
         self._closing = False
         self._has_work: asyncio.Event | None = None
-        self._act = jax.jit(agent.act)
-        self._inputs: dict[str, np.ndarray] = {}
-        self._store_mask: np.ndarray | None = None
         self._compiled: set[int] = set()
 
-    @staticmethod
-    def _step_fields(agent, spec: EnvSpec) -> dict[str, StepFieldSpec]:
-        """Everything recorded per env step: what the actor sent plus what `act` chose."""
-        fields = {
-            "obs": StepFieldSpec(spec.obs_shape, np.dtype(spec.obs_dtype)),
-            "reward": StepFieldSpec((), np.float32),
-            "terminated": StepFieldSpec((), bool),
-            "truncated": StepFieldSpec((), bool),
-            "first": StepFieldSpec((), bool),
-            "action": StepFieldSpec(spec.action_shape, spec.action_dtype),
-            # Version of the parameters that chose the action (policy lag metric).
-            BEHAVIOUR_VERSION: StepFieldSpec((), np.int32),
-        }
-        fields.update(agent.act_outputs())
-        return fields
+    @property
+    def store(self):
+        """The unroll store (sequences under construction, per env slot)."""
+        return self.core.store
+
+    @property
+    def reward_clip(self) -> float:
+        return self.core.reward_clip
 
     # --- called from the training thread ---
 
     def publish(self, params, version: int) -> None:
-        """Makes `params` the policy for every following inference batch."""
+        """Makes `params` (published at `self.precision`) the policy for every
+        following inference batch."""
         self._published = (params, version)
 
     @property
@@ -231,34 +176,18 @@ class InferenceServer:
         """Registers an actor's stream; returns (entry, the run it superseded or None)."""
         entry, superseded = self.table.connect(actor_id, run_id, num_envs)
         if superseded is not None:  # the table already released its slots
-            self.store.drop(superseded.slots)
+            self.core.drop(superseded.slots)
             self._awaited.discard(superseded)
-        self._ensure_capacity(self.table.num_slots)
-        self.store.drop(entry.slots)  # a reused block must not inherit steps
-        self._inputs = self.agent.actor_inputs(np.arange(self.table.num_slots))
-        # Optional agent hook: False for env slots whose steps are not recorded
-        # (e.g. R2D2's evaluation envs); None records every slot.
-        store_mask = getattr(self.agent, "store_mask", None)
-        self._store_mask = (
-            None if store_mask is None
-            else np.asarray(store_mask(np.arange(self.table.num_slots)), bool)
-        )
+        self.core.ensure_capacity(self.table.num_slots)
+        self.core.start(entry.slots)  # a reused block must not inherit steps
         return entry, superseded
-
-    def _ensure_capacity(self, num_slots: int) -> None:
-        self.store.ensure_capacity(num_slots)
-        for name, table in self._core.items():
-            if len(table) < num_slots:
-                grown = np.zeros((max(num_slots, 2 * len(table)), *table.shape[1:]), table.dtype)
-                grown[: len(table)] = table
-                self._core[name] = grown
 
     def release(self, entry: ActorEntry) -> None:
         """Actor gone or restarted: forget its envs and its partial unrolls."""
         self._awaited.discard(entry)
         slots = self.table.release(entry)
         if slots is not None:
-            self.store.drop(slots)
+            self.core.drop(slots)
 
     def close(self) -> None:
         """Fails every waiting and future request with ServerClosing."""
@@ -377,8 +306,6 @@ class InferenceServer:
             terminated = np.concatenate([r.steps.terminated for r in batch])
             truncated = np.concatenate([r.steps.truncated for r in batch])
         n = len(slots)
-        first = self.table.observe(slots, rewards, terminated, truncated)
-
         size = next((b for b in self.buckets if b >= n), None)
         if size is None:  # a single actor with more envs than max_batch_size
             size = n
@@ -386,30 +313,12 @@ class InferenceServer:
             self._compiled.add(size)
             log.info("compiling inference for batch size %d", size)
         params, version = self._published
-        actions, outputs, new_core, self._rng = self._act(
-            params,
-            self._rng,
-            _pad(obs, size),
-            _pad(first, size, fill=True),
-            {k: _pad(v[slots], size) for k, v in self._core.items()},
-            {k: _pad(v[slots], size) for k, v in self._inputs.items()},
+        result, self._rng = self.core.step(
+            params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size
         )
-        actions = np.asarray(actions)[:n]
-        if self.reward_clip > 0:
-            rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
-        step = step_record(
-            obs, rewards, terminated, truncated, first, actions, version,
-            {k: np.asarray(v)[:n] for k, v in outputs.items()},
-            {name: table[slots] for name, table in self._core.items()},
-        )
-        for name, table in self._core.items():
-            table[slots] = np.asarray(new_core[name])[:n]
-        if self._store_mask is not None and not self._store_mask[slots].all():
-            keep = self._store_mask[slots]
-            slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
-        unrolls = self.store.append(slots, step) if len(slots) else None
-        self.stats.compiles = self._act._cache_size()  # programs compiled so far
+        self.table.book_episodes(n, result.ended_returns, result.ended_lengths)
+        self.stats.compiles = self.core.compiles
         self.stats.batches += 1
         self.stats.env_steps += n
         self.stats.padded_steps += size
-        return actions, version, unrolls
+        return result.actions, version, result.unrolls

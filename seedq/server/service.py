@@ -24,6 +24,7 @@ from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
+from seedq import schema
 
 log = logging.getLogger("seedq.server")
 
@@ -31,9 +32,14 @@ MAX_MESSAGE_BYTES = codec.MAX_MESSAGE_BYTES
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):
-    def __init__(self, inference: InferenceServer, learner_run: str, max_envs_per_actor: int = 4096,
-                 peer_timeout_seconds: float = ServerConfig.peer_timeout_seconds):
+    """SEED mode: every actor stream's steps go to the batching inference server."""
+
+    def __init__(self, inference: InferenceServer | None, learner_run: str,
+                 max_envs_per_actor: int = 4096,
+                 peer_timeout_seconds: float = ServerConfig.peer_timeout_seconds, *,
+                 spec: schema.EnvSpec | None = None):
         self.inference = inference
+        self.spec = spec if spec is not None else inference.spec
         self.learner_run = learner_run
         self.max_envs_per_actor = max_envs_per_actor
         self.idle = channel.IdleWatchdog(peer_timeout_seconds)
@@ -62,7 +68,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         """The decoded handshake, or ProtocolError naming the field: the actor's
         spec must match the learner's and its env count fit the limit."""
         handshake, actor_spec = codec.decode_handshake(message)
-        expected = self.inference.spec
+        expected = self.spec
         mismatch = expected.describe_mismatch(actor_spec)
         if mismatch:
             field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
@@ -102,16 +108,16 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         self.idle.rename(task, f"actor {entry.actor_id}")
         try:
             async with guard:
-                await context.write(codec.encode_handshake_ack(self.inference.spec, self.learner_run))
+                await context.write(codec.encode_handshake_ack(self.spec, self.learner_run))
                 while True:
                     message = await self.read(context, task)
                     if message is grpc.aio.EOF:
                         return
                     if entry.closed:
                         raise RunSuperseded()
-                    steps = codec.decode_steps(message, self.inference.spec, entry.num_envs)
+                    steps = codec.decode_steps(message, self.spec, entry.num_envs)
                     actions, version = await self.inference.submit(entry, steps)
-                    await context.write(codec.encode_actions(actions, self.inference.spec, version))
+                    await context.write(codec.encode_actions(actions, self.spec, version))
         finally:
             # Stream over (clean end, error, or actor killed): drop its partial unrolls.
             self.inference.release(entry)
@@ -181,7 +187,7 @@ def add_learner_service(service: LearnerService, server: grpc.aio.Server) -> Non
 SERVICE_NAME = seed_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 
 
-def describe_spec(spec: codec.EnvSpec) -> str:
+def describe_spec(spec: schema.EnvSpec) -> str:
     """One line: observation dtype[shape] and the action space."""
     return f"observation {spec.obs_dtype}{list(spec.obs_shape)}, action_space {spec.action_text()}"
 

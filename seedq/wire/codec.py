@@ -11,12 +11,12 @@ docs/wire.md is the contract these checks implement.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 
 import numpy as np
 
+from seedq.schema import EnvSpec
 from seedq.v1 import seed_pb2
 
 PROTOCOL_VERSION = 1
@@ -24,8 +24,6 @@ PROTOCOL_VERSION = 1
 ENV_INDEX_DTYPE = np.dtype("<i4")
 REWARD_DTYPE = np.dtype("<f4")
 FLAG_DTYPE = np.dtype("u1")
-DISCRETE_ACTION_DTYPE = np.dtype("<i4")
-CONTINUOUS_ACTION_DTYPE = np.dtype("<f4")
 
 
 # Observation dtypes the wire carries: booleans, integers and floats of these
@@ -82,89 +80,6 @@ def wire_dtype(text: str, field: str) -> np.dtype:
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE_ENDIAN_HOST):
         raise ProtocolError(field, f"dtype {text!r} is big-endian; the wire is little-endian")
     return dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """Observation and action spaces as both ends of a stream agree on them."""
-
-    obs_dtype: str
-    obs_shape: tuple[int, ...]
-    # Discrete action spaces: number of actions. 0 for continuous (Box) spaces.
-    num_actions: int = 0
-    action_shape: tuple[int, ...] = ()
-    action_low: tuple[float, ...] = ()
-    action_high: tuple[float, ...] = ()
-
-    @property
-    def discrete(self) -> bool:
-        return self.num_actions > 0
-
-    @property
-    def action_dtype(self) -> np.dtype:
-        return DISCRETE_ACTION_DTYPE if self.discrete else CONTINUOUS_ACTION_DTYPE
-
-    @functools.cached_property
-    def obs_nbytes(self) -> int:
-        # Cached: checked for every message on the hot path.
-        return int(np.dtype(self.obs_dtype).itemsize * np.prod(self.obs_shape, dtype=np.int64))
-
-    @functools.cached_property
-    def obs_np_dtype(self) -> np.dtype:
-        return np.dtype(self.obs_dtype)
-
-    def describe_mismatch(self, other: "EnvSpec") -> str | None:
-        """Names the first field where `other` (the actor's) differs from this
-        spec (the learner's), or None; the text gives both sides."""
-        if np.dtype(other.obs_dtype) != np.dtype(self.obs_dtype):
-            return f"observation.dtype: actor sends {other.obs_dtype}, learner expects {self.obs_dtype}"
-        if tuple(other.obs_shape) != tuple(self.obs_shape):
-            return (
-                f"observation.shape: actor sends {list(other.obs_shape)}, "
-                f"learner expects {list(self.obs_shape)}"
-            )
-        if other.num_actions != self.num_actions:
-            return (
-                f"action_space: actor has {other.action_text()}, learner expects {self.action_text()}"
-            )
-        if not self.discrete and tuple(other.action_shape) != tuple(self.action_shape):
-            return (
-                f"action_space.box.shape: actor has {list(other.action_shape)}, "
-                f"learner expects {list(self.action_shape)}"
-            )
-        return None
-
-    def action_text(self) -> str:
-        if self.discrete:
-            return f"Discrete({self.num_actions})"
-        return f"Box(shape={list(self.action_shape)})"
-
-
-def spec_from_spaces(observation_space, action_space) -> EnvSpec:
-    """EnvSpec of single-env gymnasium spaces (Box observations; Discrete or Box actions)."""
-    import gymnasium as gym
-
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ValueError(
-            f"observation space {observation_space} is not supported: seedq needs a Box "
-            "observation (flatten dict observations with a gymnasium wrapper)"
-        )
-    obs = dict(
-        obs_dtype=np.dtype(observation_space.dtype).name,
-        obs_shape=tuple(int(d) for d in observation_space.shape),
-    )
-    if isinstance(action_space, gym.spaces.Discrete):
-        if int(action_space.start) != 0:
-            raise ValueError(f"action space {action_space}: Discrete spaces must start at 0")
-        return EnvSpec(**obs, num_actions=int(action_space.n))
-    if isinstance(action_space, gym.spaces.Box):
-        return EnvSpec(
-            **obs,
-            action_shape=tuple(int(d) for d in action_space.shape),
-            action_low=tuple(float(x) for x in np.ravel(action_space.low)),
-            action_high=tuple(float(x) for x in np.ravel(action_space.high)),
-        )
-    raise ValueError(f"action space {action_space} is not supported (Discrete or Box only)")
 
 
 # --- handshake -------------------------------------------------------------

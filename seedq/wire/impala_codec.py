@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from flax import serialization
 
-from seedq.agents.base import StepFieldSpec
+from seedq.schema import StepFieldSpec
 from seedq.v1 import seed_pb2
 from seedq.wire.codec import ProtocolError
 

@@ -32,14 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from seedq.agents.base import SequenceSpec, StepFieldSpec
+from seedq import schema
+from seedq.schema import EnvSpec, SequenceSpec, StepFieldSpec
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
 from seedq.replay.prioritized import PrioritizedBatches, PrioritizedReplay
-from seedq.wire.codec import EnvSpec
 
 STEP_FIELDS = ("obs", "reward", "terminated", "truncated", "first", "action")
 
@@ -147,24 +147,11 @@ class R2D2Agent:
 
     # --- replay ---
 
-    def replay_fields(self) -> dict[str, StepFieldSpec]:
-        """Shape/dtype of one stored sequence, field by field (what the server emits)."""
-        from seedq.server.inference import InferenceServer  # the server's own field list
-
-        length = self.sequence_spec().length
-        fields = {
-            name: StepFieldSpec((length, *f.shape), f.dtype)
-            for name, f in InferenceServer._step_fields(self, self.spec).items()
-        }
-        for name, value in self.initial_core_state(1).items():
-            fields["core/" + name] = StepFieldSpec(value.shape[1:], value.dtype)
-        return fields
-
     def make_batch_source(self, queue) -> PrioritizedBatches:
         cfg = self.config
         replay = PrioritizedReplay(
             cfg.replay_capacity,
-            self.replay_fields(),
+            schema.stored_sequence_shapes(self, self.spec),
             priority_exponent=cfg.priority_exponent,
             importance_exponent=cfg.importance_exponent,
             seed=self.seed,

@@ -23,15 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from seedq import quant
-from seedq.agents.base import FifoBatches, SequenceSpec, StepFieldSpec
+from seedq.agents.base import FifoBatches
+from seedq.schema import SequenceSpec, StepFieldSpec
 from seedq.agents import health, normalization
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
 from seedq.config import VTraceConfig
-from seedq.wire.codec import EnvSpec
+from seedq.schema import EnvSpec
 
 
 class LearnerState(NamedTuple):
@@ -66,10 +66,7 @@ class VTraceAgent:
     `use_lstm`; empty for an MLP on vectors.
     """
 
-    def __init__(self, spec: EnvSpec, config: VTraceConfig, precision: str = "fp32",
-                 frame_stack: int = 4):
-        if precision not in quant.PRECISIONS:
-            raise ValueError(f"precision={precision!r}: choose one of {', '.join(quant.PRECISIONS)}")
+    def __init__(self, spec: EnvSpec, config: VTraceConfig, frame_stack: int = 4):
         if spec.discrete:
             self.policy = Categorical(spec.num_actions)
         elif len(spec.action_shape) == 1:
@@ -110,29 +107,6 @@ class VTraceAgent:
             optax.adam(self.learning_rate if config.learning_rate_decay_frames else config.learning_rate,
                        eps=config.adam_eps),
         )
-        # Inference precision (training stays fp32): which layers the server
-        # runs in int8, and the jitted fp32 -> published conversion. Until
-        # `plan_int8` measures a plan, int8 means every quantizable layer.
-        self.precision = precision
-        self._layers = quant.find_layers(self.network, *self._example_inputs())
-        self.int8_plan: quant.Int8Plan | None = None
-        self._set_publish(quant.quantizable_paths(self._layers))
-
-    def _set_publish(self, layers) -> None:
-        precision = self.precision
-        self._publish = jax.jit(lambda params: quant.publish(params, precision, layers))
-
-    def plan_int8(self, params, batch_sizes, *, force: bool = False) -> quant.Int8Plan | None:
-        """int8 mode: measures, per padded batch size the server runs, which
-        layers int8 speeds up (`seedq.quant.plan`), and from then on publishes
-        and runs only those in int8 (`act` picks the plan of its batch size).
-        `force`: every quantizable layer in int8. No-op at fp32/bf16."""
-        if self.precision != "int8":
-            return None
-        net, _ = self._split(params)
-        self.int8_plan = quant.make_plan(self._layers, net, batch_sizes, force=force)
-        self._set_publish(self.int8_plan.publish_layers())
-        return self.int8_plan
 
     def _split(self, params):
         """(network variables, observation statistics or None)."""
@@ -185,12 +159,9 @@ class VTraceAgent:
         return LearnerState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def inference_params(self, state: LearnerState):
-        """fp32 params, or their bf16 / int8 (quantized) form for the server."""
-        if self.precision == "fp32":
-            return state.params
-        net, stats = self._split(state.params)
-        published = self._publish(net)
-        return published if stats is None else {**published, "obs_stats": stats._asdict()}
+        """The fp32 parameters acting uses (statistics included); the server's
+        precision mode (`seedq.quant.mode`) publishes them at its precision."""
+        return state.params
 
     def act(self, params, rng, obs, first, core_state, inputs):
         """(obs [N, *obs_shape], first [N], core {k: [N, ...]}) -> (actions [N, ...],
@@ -200,11 +171,7 @@ class VTraceAgent:
         obs = self._normalized(stats, obs)
         net_obs, core_state = self.frames.act(core_state, obs, first) if self.frames else (obs, core_state)
         carry = (core_state["lstm_c"], core_state["lstm_h"]) if self.config.use_lstm else None
-        int8_layers = None if self.int8_plan is None else self.int8_plan.layers_for(obs.shape[0])
-        dist, _, carry = quant.apply(
-            self.network, params, self.precision, net_obs[None], first[None], carry,
-            int8_layers=int8_layers,
-        )
+        dist, _, carry = self.network.apply(params, net_obs[None], first[None], carry)
         dist = {k: v[0].astype(jnp.float32) for k, v in dist.items()}
         if self.config.use_lstm:
             core_state = {**core_state, "lstm_c": carry[0], "lstm_h": carry[1]}
@@ -240,10 +207,8 @@ class VTraceAgent:
         dist, values, activations = self._unroll_network(params, batch)
 
         actions = tm["action"][:-1]
-        rewards = tm["reward"][1:]
-        if cfg.reward_clip > 0:
-            rewards = jnp.clip(rewards, -cfg.reward_clip, cfg.reward_clip)
-        rewards = rewards * cfg.reward_scale
+        # Clipped (vtrace.reward_clip, Atari) where the learner recorded them.
+        rewards = tm["reward"][1:] * cfg.reward_scale
         if cfg.normalize_returns:
             return_rms = normalization.root_mean_square(
                 jax.lax.stop_gradient(normalization.RunningStats(**params["return_stats"]))

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seedq.agents.base import StepFieldSpec
+from seedq.schema import StepFieldSpec
 from seedq.agents.networks import Carry, ScannedLSTM, make_torso
 from seedq.agents.vtrace import losses
 

@@ -1,0 +1,204 @@
+"""The acting core: one implementation of "act on a batch of env steps and
+book it", shared by the SEED server, the IMPALA actor and evaluation.
+
+For a set of env *slots* (indices into per-env arrays) the core keeps:
+  * each env's recurrent core state between steps (empty for MLPs) and the
+    per-env constants `act` reads (R2D2's epsilons);
+  * episode book-keeping (`EpisodeTracker`): which step starts an episode,
+    running returns and lengths, the episodes that ended;
+  * optionally the unroll store (`seedq.acting.store.UnrollStore`) that
+    cuts each env's steps into training sequences, with the step record
+    defined once in `seedq.schema`; training rewards are clipped here and
+    nowhere else (`reward_clip`).
+
+`ActingCore.step` runs the agent's `act` at the inference precision
+(`seedq.quant.mode.InferencePrecision`), jitted, optionally padded to a fixed
+batch size (so a server never recompiles in steady state). The SEED server
+is batching across actor streams plus this core; an IMPALA actor is this core
+on its own envs plus a stream of unrolls; evaluation is this core without a
+store, acting greedily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+
+from seedq import schema
+from seedq.acting.store import UnrollStore
+
+log = logging.getLogger("seedq.acting")
+
+
+def training_reward_clip(config) -> float:
+    """The bound training rewards are clipped to (0: none), for a TrainConfig:
+    `vtrace.reward_clip` when set, else [-1, 1] on Atari with
+    `atari.clip_rewards` (the DQN/IMPALA convention). Reported returns are
+    always the unclipped ones."""
+    from seedq.envs import env_kind
+
+    if config.agent == "vtrace" and config.vtrace.reward_clip > 0:
+        return float(config.vtrace.reward_clip)
+    return 1.0 if env_kind(config.env) == "atari" and config.atari.clip_rewards else 0.0
+
+
+def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
+    """Pads axis 0 to `size` (fixed shapes: one compiled program per size)."""
+    if len(x) == size:
+        return x
+    out = np.full((size, *x.shape[1:]), fill, x.dtype)
+    out[: len(x)] = x
+    return out
+
+
+def _grow(table: np.ndarray, size: int, fill=0) -> np.ndarray:
+    """`table` with axis 0 grown to `size` (new rows `fill`); unchanged if large enough."""
+    if len(table) >= size:
+        return table
+    grown = np.full((size, *table.shape[1:]), fill, table.dtype)
+    grown[: len(table)] = table
+    return grown
+
+
+class EpisodeTracker:
+    """Per-slot episode book-keeping: starts, running returns and lengths.
+
+    The step after a terminated or truncated one starts a new episode (the
+    vector env auto-reset), as does the first step of a slot after `start`.
+    The reward arriving with a first step belongs to no episode (the reset
+    step's 0, or nothing at all on connection).
+    """
+
+    def __init__(self, capacity: int = 0):
+        self.returns = np.zeros(capacity, np.float64)
+        self.lengths = np.zeros(capacity, np.int64)
+        self.needs_reset = np.ones(capacity, bool)
+
+    def ensure_capacity(self, num_slots: int) -> None:
+        size = max(num_slots, 2 * len(self.needs_reset)) if num_slots > len(self.needs_reset) else 0
+        if size:
+            self.returns = _grow(self.returns, size)
+            self.lengths = _grow(self.lengths, size)
+            self.needs_reset = _grow(self.needs_reset, size, fill=True)
+
+    def start(self, slots: np.ndarray) -> None:
+        """Fresh envs in `slots`: their next step starts an episode."""
+        self.needs_reset[slots] = True
+
+    def observe(self, slots, rewards, terminated, truncated):
+        """Books one step per slot: (first [n] bool, ended [n] bool, returns [n],
+        lengths [n]); returns/lengths are the running ones, final where `ended`."""
+        first = self.needs_reset[slots]
+        ret = np.where(first, 0.0, self.returns[slots] + rewards)
+        length = np.where(first, 0, self.lengths[slots] + 1)
+        ended = (terminated | truncated) & ~first
+        self.returns[slots] = ret
+        self.lengths[slots] = length
+        self.needs_reset[slots] = ended
+        return first, ended, ret, length
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What one `ActingCore.step` did for its n envs."""
+
+    actions: np.ndarray  # [n, *action_shape]
+    first: np.ndarray  # [n] bool: the step started an episode
+    ended_slots: np.ndarray  # slots whose episode this step ended
+    ended_returns: np.ndarray  # their (unclipped) returns
+    ended_lengths: np.ndarray  # their lengths
+    unrolls: dict | None  # sequences this step completed (store only), else None
+    padded_to: int  # the batch size `act` ran at
+
+
+class ActingCore:
+    def __init__(self, agent, spec: schema.EnvSpec, precision, *, record: bool = True,
+                 reward_clip: float = 0.0, greedy: bool = False, capacity: int = 64):
+        """`precision`: a `seedq.quant.mode.InferencePrecision` for `agent`.
+        `record`: keep an unroll store (training); `greedy`: act with the
+        agent's greedy policy (evaluation)."""
+        self.agent = agent
+        self.spec = spec
+        self.reward_clip = float(reward_clip)
+        self._act = jax.jit(precision.greedy_act if greedy else precision.act)
+        self.core = {k: np.asarray(v) for k, v in agent.initial_core_state(capacity).items()}
+        self.episodes = EpisodeTracker(capacity)
+        self.store = None
+        if record:
+            fields, initial_only = schema.sequence_fields(agent, spec)
+            sequence = agent.sequence_spec()
+            self.store = UnrollStore(sequence.length, fields, overlap=sequence.overlap,
+                                     initial_only=initial_only, capacity=capacity)
+        self._num_slots = 0
+        self.inputs: dict[str, np.ndarray] = {}
+        # False for slots whose steps are not recorded (R2D2's evaluation envs).
+        self.store_mask: np.ndarray | None = None
+        self.ensure_capacity(capacity)
+
+    @property
+    def compiles(self) -> int:
+        """Programs compiled so far (one per padded batch size)."""
+        return self._act._cache_size()
+
+    def ensure_capacity(self, num_slots: int) -> None:
+        """Makes slots [0, num_slots) exist (arrays grow by doubling)."""
+        for name, table in self.core.items():
+            if len(table) < num_slots:
+                self.core[name] = _grow(table, max(num_slots, 2 * len(table)))
+        self.episodes.ensure_capacity(num_slots)
+        if self.store is not None:
+            self.store.ensure_capacity(num_slots)
+        if num_slots != self._num_slots:
+            self._num_slots = num_slots
+            slots = np.arange(num_slots)
+            self.inputs = self.agent.actor_inputs(slots)
+            store_mask = getattr(self.agent, "store_mask", None)
+            self.store_mask = None if store_mask is None else np.asarray(store_mask(slots), bool)
+
+    def start(self, slots: np.ndarray) -> None:
+        """Fresh envs in `slots` (a connected actor's block): episodes restart
+        there and no partial unroll is inherited."""
+        self.episodes.start(slots)
+        self.drop(slots)
+
+    def drop(self, slots: np.ndarray) -> int:
+        """Forgets the partial unrolls of `slots`; returns the env steps lost."""
+        return self.store.drop(slots) if self.store is not None else 0
+
+    def step(self, params, version: int, rng, slots, obs, rewards, terminated, truncated,
+             *, pad_to: int | None = None):
+        """Acts on one step of the envs in `slots` (unique) and books it.
+
+        Returns (StepResult, new rng). `params`: published at the core's
+        precision; `version`: their policy version (recorded per step).
+        """
+        n = len(slots)
+        first, ended, returns, lengths = self.episodes.observe(slots, rewards, terminated, truncated)
+        size = max(pad_to or n, n)
+        core_before = {name: table[slots] for name, table in self.core.items()}
+        actions, outputs, new_core, rng = self._act(
+            params, rng, pad_rows(obs, size), pad_rows(first, size, fill=True),
+            {k: pad_rows(v, size) for k, v in core_before.items()},
+            {k: pad_rows(v[slots], size) for k, v in self.inputs.items()},
+        )
+        actions = np.asarray(actions)[:n]
+        for name, table in self.core.items():
+            table[slots] = np.asarray(new_core[name])[:n]
+        unrolls = None
+        if self.store is not None:
+            if self.reward_clip > 0:
+                rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
+            step = schema.step_record(
+                obs, rewards, terminated, truncated, first, actions, version,
+                {k: np.asarray(v)[:n] for k, v in outputs.items()}, core_before,
+            )
+            kept = slots
+            if self.store_mask is not None and not self.store_mask[slots].all():
+                keep = self.store_mask[slots]
+                kept, step = slots[keep], {k: v[keep] for k, v in step.items()}
+            unrolls = self.store.append(kept, step) if len(kept) else None
+        result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], unrolls, size)
+        return result, rng

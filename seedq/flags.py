@@ -1,0 +1,225 @@
+"""Config dataclasses <-> command-line flags, in both directions.
+
+Every field of `seedq.config.TrainConfig` is a flag `--field-name`, nested
+sections are `--section.field-name` (`add_config_flags`); parsed flags are
+applied to a base config (`config_from_args`), and a config is turned back
+into the flags that reproduce it (`config_flags`: launchers, local mode and
+the comparisons start processes with them). Help texts are the comments
+above each field in `seedq/config.py` (`field_comments`).
+
+A leaf module (config and the standard library; the env registry only to
+resolve per-env defaults), so the CLI, local mode, the launchers, the docs
+generator and the benchmarks all share it without importing each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import io
+import textwrap
+import tokenize
+import types
+import typing
+
+from seedq import config as config_lib
+from seedq.config import TrainConfig
+
+
+def flag_name(prefix: str, name: str) -> str:
+    """`--section.field-name` for a config field."""
+    return "--" + prefix + name.replace("_", "-").rstrip("-")
+
+
+# An optional field's flag spells "no value" as `none`; it parses to this
+# sentinel, since None itself means "flag not given". (An object of its own,
+# never a string: a str field's value "none" is a real value.)
+NONE_WORD = "none"
+
+
+class _NoneGiven:
+    def __repr__(self) -> str:
+        return NONE_WORD
+
+
+NONE_GIVEN = _NoneGiven()
+
+
+def parser_for(hint):
+    """The argparse `type` that parses a config field of type `hint`."""
+    inner = optional_inner(hint)
+    if inner is not None:
+        parse_inner = parser_for(inner)
+
+        def parse_optional(text: str):
+            return NONE_GIVEN if text.lower() == NONE_WORD else parse_inner(text)
+
+        parse_optional.__name__ = inner.__name__  # argparse names the type in its errors
+        return parse_optional
+    if typing.get_origin(hint) is tuple:
+        (inner, _) = typing.get_args(hint)
+
+        def parse_tuple(text: str):
+            try:
+                return tuple(inner(x) for x in text.split(",") if x.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"expected comma-separated {inner.__name__}s, got {text!r}"
+                ) from None
+
+        return parse_tuple
+    if hint is bool:
+        def parse_bool(text: str) -> bool:
+            value = {"true": True, "1": True, "false": False, "0": False}.get(text.lower())
+            if value is None:
+                raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+            return value
+
+        return parse_bool
+    return hint
+
+
+def metavar(hint) -> str:
+    inner = optional_inner(hint)
+    if inner is not None:
+        return f"{inner.__name__.upper()}|none"
+    return hint.__name__.upper() if isinstance(hint, type) else "LIST"
+
+
+@functools.lru_cache(maxsize=None)
+def field_comments(cls) -> dict[str, str]:
+    """{field name: its comment} for a dataclass: the comment block right above
+    the field plus a comment at the end of its line, joined into one sentence.
+    (Cached: the CLI asks for every field of every section.)"""
+    lines, _ = inspect.getsourcelines(cls)
+    source = textwrap.dedent("".join(lines))
+    inline: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            inline[tok.start[0]] = tok.string.lstrip("#").strip()
+    src_lines = source.splitlines()
+    out = {}
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        above = []
+        lineno = stmt.lineno - 1  # 1-based line above the field
+        while lineno >= 1 and src_lines[lineno - 1].strip().startswith("#"):
+            above.insert(0, src_lines[lineno - 1].strip().lstrip("#").strip())
+            lineno -= 1
+        parts = [" ".join(above)] if above else []
+        if stmt.end_lineno in inline and not src_lines[stmt.end_lineno - 1].strip().startswith("#"):
+            parts.append(inline[stmt.end_lineno])
+        out[stmt.target.id] = " ".join(p for p in parts if p)
+    return out
+
+
+def format_default(value) -> str:
+    """A default as it is written on the command line."""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value if value else '""'
+    if value is None:
+        return "none"
+    return repr(value)
+
+
+def optional_inner(hint):
+    """T for Optional[T], else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: str = "") -> None:
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            add_config_flags(parser, hint, prefix + field.name + ".")
+            continue
+        comment = field_comments(cls).get(field.name, "")
+        # A bare boolean flag (`--insecure`) means true; `--flag false` still works.
+        bare = {"nargs": "?", "const": True} if hint is bool else {}
+        action = parser.add_argument(
+            flag_name(prefix, field.name),
+            dest=prefix + field.name,
+            type=parser_for(hint),
+            default=None,
+            **bare,
+            metavar=metavar(hint),
+            help=(f"{comment} " if comment else "").replace("%", "%%")
+            + f"(default: {format_default(field.default)})",
+        )
+        action.doc_default = field.default  # for the generated CLI reference
+        action.doc_class = cls
+
+
+def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = "", base=None):
+    """The config `base` (default: `cls()`) with the flags given in `args` applied."""
+    base = cls() if base is None else base
+    hints = typing.get_type_hints(cls)
+    overrides = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            overrides[field.name] = config_from_args(
+                args, hint, prefix + field.name + ".", getattr(base, field.name)
+            )
+            continue
+        value = getattr(args, prefix + field.name, None)
+        if value is not None:
+            overrides[field.name] = None if value is NONE_GIVEN else value
+    return dataclasses.replace(base, **overrides)
+
+
+def config_flags(config, base=None, prefix: str = "") -> list[str]:
+    """The flags that turn `base` into `config` (inverse of `config_from_args`).
+
+    `base` is a config, or a config dataclass (its defaults). It defaults, for
+    a TrainConfig, to the defaults `seedq train` applies flags to for
+    `config.env` (env_defaults), so the flags reproduce `config` in a fresh
+    process; for a section, to that section's defaults."""
+    if base is None:
+        base = env_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
+    elif isinstance(base, type):
+        base = base()
+    flags = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            flags += config_flags(value, getattr(base, field.name), prefix + field.name + ".")
+        elif value != getattr(base, field.name):
+            if isinstance(value, tuple):
+                text = ",".join(str(v) for v in value)
+            elif isinstance(value, bool):
+                text = str(value).lower()
+            elif value is None:
+                text = NONE_WORD
+            else:
+                text = str(value)
+            flags += [flag_name(prefix, field.name), text]
+    return flags
+
+
+def env_defaults(env_id: str) -> TrainConfig:
+    """The defaults the flags apply to for `env_id`: they depend on whether the
+    env's actions are Discrete or Box and on its registered reward_threshold
+    (config.defaults_for). An env id that cannot be built falls back to the
+    plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec, reward_threshold
+
+    try:
+        continuous = not env_spec(env_id).discrete
+        target = reward_threshold(env_id)
+    except ValueError:
+        return TrainConfig()
+    return config_lib.defaults_for(continuous, target)
