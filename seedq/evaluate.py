@@ -85,32 +85,24 @@ class Policy:
     Greedy actions are the agent's `greedy_actions`."""
 
     def __init__(self, precision, params, *, greedy: bool = True):
-        agent = precision.agent
-        if greedy and not hasattr(agent, "greedy_actions"):
-            raise ValueError(f"{type(agent).__name__} has no greedy policy; evaluate with --sample")
-        self.agent = agent
+        if greedy and not hasattr(precision.agent, "greedy_actions"):
+            raise ValueError(f"{type(precision.agent).__name__} has no greedy policy; evaluate with --sample")
         self.params = params
         self.greedy = greedy
         # One core (and so one compiled `act` per env count) for every evaluation.
-        self._core = ActingCore(agent, precision.spec, precision, record=False, greedy=greedy,
-                                capacity=1)
+        self._core = ActingCore(precision.agent, precision.spec, precision, record=False,
+                                greedy=greedy, capacity=1)
 
-    def start(self, n: int, seed: int) -> "_PolicyEpisodes":
-        """Acting on `n` fresh envs, with a PRNG key made from `seed`."""
+    def start(self, n: int, seed: int) -> "Policy":
+        """Starts acting on `n` fresh envs, with a PRNG key made from `seed`."""
         self._core.ensure_capacity(n)
-        slots = np.arange(n)
-        self._core.start(slots)
-        return _PolicyEpisodes(self, slots, jax.random.PRNGKey(seed))
-
-
-class _PolicyEpisodes:
-    def __init__(self, policy: Policy, slots: np.ndarray, rng):
-        self.policy, self.slots, self.rng = policy, slots, rng
+        self._slots, self._rng = np.arange(n), jax.random.PRNGKey(seed)
+        self._core.start(self._slots)
+        return self
 
     def step(self, obs, rewards, terminated, truncated) -> StepResult:
-        result, self.rng = self.policy._core.step(
-            self.policy.params, 0, self.rng, self.slots, obs, rewards, terminated, truncated
-        )
+        result, self._rng = self._core.step(
+            self.params, 0, self._rng, self._slots, obs, rewards, terminated, truncated)
         return result
 
 
@@ -123,20 +115,14 @@ class RandomPolicy:
     def __init__(self, spec):
         self.spec = spec
 
-    def start(self, n: int, seed: int) -> "_RandomEpisodes":
-        return _RandomEpisodes(self.spec, n, np.random.default_rng(seed))
-
-
-class _RandomEpisodes:
-    def __init__(self, spec, n: int, rng: np.random.Generator):
-        self.spec, self.rng = spec, rng
-        self.slots = np.arange(n)
-        self.episodes = EpisodeTracker(n)
+    def start(self, n: int, seed: int) -> "RandomPolicy":
+        self._slots, self._rng, self._episodes = np.arange(n), np.random.default_rng(seed), EpisodeTracker(n)
+        return self
 
     def step(self, obs, rewards, terminated, truncated) -> StepResult:
-        first, ended, returns, lengths = self.episodes.observe(self.slots, rewards, terminated, truncated)
-        actions = random_actions(self.spec, len(obs), self.rng)
-        return StepResult(actions, first, self.slots[ended], returns[ended], lengths[ended], None, len(obs))
+        first, ended, returns, lengths = self._episodes.observe(self._slots, rewards, terminated, truncated)
+        actions = random_actions(self.spec, len(obs), self._rng)
+        return StepResult(actions, first, self._slots[ended], returns[ended], lengths[ended], None, len(obs))
 
 
 def evaluate(

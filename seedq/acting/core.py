@@ -46,21 +46,13 @@ def training_reward_clip(config) -> float:
 
 
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
-    """Pads axis 0 to `size` (fixed shapes: one compiled program per size)."""
-    if len(x) == size:
+    """`x` with axis 0 padded to `size` rows of `fill` (unchanged if it has as
+    many): fixed batch shapes, one compiled program per size; growing tables."""
+    if len(x) >= size:
         return x
     out = np.full((size, *x.shape[1:]), fill, x.dtype)
     out[: len(x)] = x
     return out
-
-
-def _grow(table: np.ndarray, size: int, fill=0) -> np.ndarray:
-    """`table` with axis 0 grown to `size` (new rows `fill`); unchanged if large enough."""
-    if len(table) >= size:
-        return table
-    grown = np.full((size, *table.shape[1:]), fill, table.dtype)
-    grown[: len(table)] = table
-    return grown
 
 
 class EpisodeTracker:
@@ -78,11 +70,10 @@ class EpisodeTracker:
         self.needs_reset = np.ones(capacity, bool)
 
     def ensure_capacity(self, num_slots: int) -> None:
-        size = max(num_slots, 2 * len(self.needs_reset)) if num_slots > len(self.needs_reset) else 0
-        if size:
-            self.returns = _grow(self.returns, size)
-            self.lengths = _grow(self.lengths, size)
-            self.needs_reset = _grow(self.needs_reset, size, fill=True)
+        if num_slots > len(self.needs_reset):
+            size = max(num_slots, 2 * len(self.needs_reset))
+            self.returns, self.lengths = pad_rows(self.returns, size), pad_rows(self.lengths, size)
+            self.needs_reset = pad_rows(self.needs_reset, size, fill=True)
 
     def start(self, slots: np.ndarray) -> None:
         """Fresh envs in `slots`: their next step starts an episode."""
@@ -147,7 +138,7 @@ class ActingCore:
         """Makes slots [0, num_slots) exist (arrays grow by doubling)."""
         for name, table in self.core.items():
             if len(table) < num_slots:
-                self.core[name] = _grow(table, max(num_slots, 2 * len(table)))
+                self.core[name] = pad_rows(table, max(num_slots, 2 * len(table)))
         self.episodes.ensure_capacity(num_slots)
         if self.store is not None:
             self.store.ensure_capacity(num_slots)
