@@ -122,7 +122,7 @@ class RandomPolicy:
     def step(self, obs, rewards, terminated, truncated) -> StepResult:
         first, ended, returns, lengths = self._episodes.observe(self._slots, rewards, terminated, truncated)
         actions = random_actions(self.spec, len(obs), self._rng)
-        return StepResult(actions, first, self._slots[ended], returns[ended], lengths[ended], None, len(obs))
+        return StepResult(actions, first, self._slots[ended], returns[ended], lengths[ended], None)
 
 
 def evaluate(
@@ -137,18 +137,14 @@ def evaluate(
     done = np.zeros(episodes, bool)  # each env's first episode is the one counted
     try:
         obs, _ = env.reset(seed=seed)
-        acting = policy.start(episodes, seed)
-        rewards = np.zeros(episodes, np.float32)
-        terminated = truncated = np.zeros(episodes, bool)
-        while True:
-            result = acting.step(obs, rewards, terminated, truncated)
+        no = np.zeros(episodes, bool)
+        result = policy.start(episodes, seed).step(obs, np.zeros(episodes, np.float32), no, no)
+        while not done.all():
+            obs, rewards, terminated, truncated, _ = env.step(result.actions)
+            result = policy.step(obs, rewards, terminated, truncated)
             new = ~done[result.ended_slots]
             ended = result.ended_slots[new]
-            returns[ended], lengths[ended] = result.ended_returns[new], result.ended_lengths[new]
-            done[ended] = True
-            if done.all():
-                break
-            obs, rewards, terminated, truncated, _ = env.step(result.actions)
+            returns[ended], lengths[ended], done[ended] = result.ended_returns[new], result.ended_lengths[new], True
     finally:
         env.close()
     return EvalResult(
@@ -202,17 +198,15 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int, options: En
 
     try:
         obs, _ = env.reset(seed=seed)
-        acting = policy.start(1, seed)
-        reward, terminated, truncated = 0.0, False, False
+        result = policy.start(1, seed).step(np.asarray(obs)[None], np.zeros(1, np.float32),
+                                            np.zeros(1, bool), np.zeros(1, bool))
         add(env.render())
-        while True:
-            result = acting.step(np.asarray(obs)[None], np.array([reward], np.float32),
-                                 np.array([terminated]), np.array([truncated]))
-            if len(result.ended_slots):
-                total = float(result.ended_returns[0])
-                break
+        while not len(result.ended_slots):
             obs, reward, terminated, truncated, _ = env.step(result.actions[0])
             add(env.render())
+            result = policy.step(np.asarray(obs)[None], np.array([reward], np.float32),
+                                 np.array([terminated]), np.array([truncated]))
+        total = float(result.ended_returns[0])
     finally:
         env.close()
         if writer is not None:

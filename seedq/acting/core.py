@@ -102,7 +102,6 @@ class StepResult:
     ended_returns: np.ndarray  # their (unclipped) returns
     ended_lengths: np.ndarray  # their lengths
     unrolls: dict | None  # sequences this step completed (store only), else None
-    padded_to: int  # the batch size `act` ran at
 
 
 class ActingCore:
@@ -112,7 +111,6 @@ class ActingCore:
         `record`: keep an unroll store (training); `greedy`: act with the
         agent's greedy policy (evaluation)."""
         self.agent = agent
-        self.spec = spec
         self.reward_clip = float(reward_clip)
         self._act = jax.jit(precision.greedy_act if greedy else precision.act)
         self.core = {k: np.asarray(v) for k, v in agent.initial_core_state(capacity).items()}
@@ -123,10 +121,7 @@ class ActingCore:
             sequence = agent.sequence_spec()
             self.store = UnrollStore(sequence.length, fields, overlap=sequence.overlap,
                                      initial_only=initial_only, capacity=capacity)
-        self._num_slots = 0
-        self.inputs: dict[str, np.ndarray] = {}
-        # False for slots whose steps are not recorded (R2D2's evaluation envs).
-        self.store_mask: np.ndarray | None = None
+        self._num_slots = -1
         self.ensure_capacity(capacity)
 
     @property
@@ -142,11 +137,10 @@ class ActingCore:
         self.episodes.ensure_capacity(num_slots)
         if self.store is not None:
             self.store.ensure_capacity(num_slots)
-        if num_slots != self._num_slots:
-            self._num_slots = num_slots
-            slots = np.arange(num_slots)
+        if num_slots != self._num_slots:  # per-slot constants of `act`, and which slots are recorded
+            self._num_slots, slots = num_slots, np.arange(num_slots)
             self.inputs = self.agent.actor_inputs(slots)
-            store_mask = getattr(self.agent, "store_mask", None)
+            store_mask = getattr(self.agent, "store_mask", None)  # False: not recorded (R2D2's eval envs)
             self.store_mask = None if store_mask is None else np.asarray(store_mask(slots), bool)
 
     def start(self, slots: np.ndarray) -> None:
@@ -178,7 +172,7 @@ class ActingCore:
         actions = np.asarray(actions)[:n]
         for name, table in self.core.items():
             table[slots] = np.asarray(new_core[name])[:n]
-        unrolls = None
+        result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], None)
         if self.store is not None:
             if self.reward_clip > 0:
                 rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
@@ -186,10 +180,8 @@ class ActingCore:
                 obs, rewards, terminated, truncated, first, actions, version,
                 {k: np.asarray(v)[:n] for k, v in outputs.items()}, core_before,
             )
-            kept = slots
             if self.store_mask is not None and not self.store_mask[slots].all():
                 keep = self.store_mask[slots]
-                kept, step = slots[keep], {k: v[keep] for k, v in step.items()}
-            unrolls = self.store.append(kept, step) if len(kept) else None
-        result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], unrolls, size)
+                slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
+            result.unrolls = self.store.append(slots, step) if len(slots) else None
         return result, rng

@@ -294,17 +294,13 @@ class InferenceServer:
         self.stats.busy_seconds += time.perf_counter() - started
 
     def _infer(self, batch: list[_Request]):
-        if len(batch) == 1:
-            steps = batch[0].steps
-            slots = batch[0].entry.first_slot + steps.env_indices
-            obs, rewards = steps.observations, steps.rewards
-            terminated, truncated = steps.terminated, steps.truncated
-        else:
-            slots = np.concatenate([r.entry.first_slot + r.steps.env_indices for r in batch])
-            obs = np.concatenate([r.steps.observations for r in batch])
-            rewards = np.concatenate([r.steps.rewards for r in batch])
-            terminated = np.concatenate([r.steps.terminated for r in batch])
-            truncated = np.concatenate([r.steps.truncated for r in batch])
+        slots = np.concatenate([r.entry.first_slot + r.steps.env_indices for r in batch])
+
+        def joined(name: str) -> np.ndarray:  # one request (the usual case): no copy
+            parts = [getattr(r.steps, name) for r in batch]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        obs, rewards, terminated, truncated = map(joined, ("observations", "rewards", "terminated", "truncated"))
         n = len(slots)
         size = next((b for b in self.buckets if b >= n), None)
         if size is None:  # a single actor with more envs than max_batch_size
