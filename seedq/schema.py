@@ -146,19 +146,14 @@ def step_fields(spec: EnvSpec, act_outputs: dict[str, StepFieldSpec]) -> dict[st
     }
 
 
-def core_fields(initial_core_state: dict[str, np.ndarray]) -> dict[str, StepFieldSpec]:
-    """"core/<name>" fields of a sequence, from an agent's `initial_core_state(1)`."""
-    return {
-        CORE_PREFIX + k: StepFieldSpec(np.shape(v)[1:], np.asarray(v).dtype)
-        for k, v in initial_core_state.items()
-    }
-
-
 def sequence_fields(agent, spec: EnvSpec) -> tuple[dict[str, StepFieldSpec], frozenset[str]]:
     """(fields, initial_only) of the sequences the learner trains on: the
     per-step fields plus the recurrent state at a sequence's first step
     ("core/<name>", the `initial_only` ones)."""
-    core = core_fields(agent.initial_core_state(1))
+    core = {
+        CORE_PREFIX + k: StepFieldSpec(np.shape(v)[1:], np.asarray(v).dtype)
+        for k, v in agent.initial_core_state(1).items()
+    }
     return {**step_fields(spec, agent.act_outputs()), **core}, frozenset(core)
 
 

@@ -146,10 +146,6 @@ class InferenceServer:
         """The unroll store (sequences under construction, per env slot)."""
         return self.core.store
 
-    @property
-    def reward_clip(self) -> float:
-        return self.core.reward_clip
-
     # --- called from the training thread ---
 
     def publish(self, params, version: int) -> None:
