@@ -1,11 +1,13 @@
 """The one small interface through which an agent plugs into the learner.
 
-The server calls `act` (batched, jitted, padded) for every inference batch,
-keeps the agent's recurrent `core_state` per env, and stores what `act`
-returns per step in the sequence under construction. Finished sequences go to
-the agent's `BatchSource` (a FIFO for V-trace, prioritized replay for R2D2),
-the learner calls `update` on the batches it yields, and publishes
-`inference_params(state)` to the server after every step.
+The acting core (`seedq.acting.core`: the SEED server, IMPALA actors,
+evaluation) calls `act` (batched, jitted, padded) at the inference precision
+(`seedq.quant.mode`: agents only ever see fp32 code), keeps the agent's
+recurrent `core_state` per env, and stores what `act` returns per step in the
+sequence under construction. Finished sequences go to the agent's
+`BatchSource` (a FIFO for V-trace, prioritized replay for R2D2), the learner
+calls `update` on the batches it yields, and publishes `inference_params(state)`
+(at the server's precision) after every step.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ class BatchSource(Protocol):
 
 
 class Agent(Protocol):
-    """Optional hooks the server and learner look for with getattr:
+    """Optional hooks the acting core and learner look for with getattr:
 
     * `store_mask(slots) -> bool [n]`: False for env slots whose steps are not
       recorded into sequences at all (R2D2's evaluation envs); default: all.
     * `greedy_actions(outputs)`: the greedy policy from `act`'s outputs
-      (evaluation).
+      (evaluation; an agent without it can only be evaluated with sampling).
     * on the batch source: `example_batch()` (compiles the update before data
       arrives) and `stats()` (extra TensorBoard scalars, e.g. replay size).
     """
@@ -45,7 +47,7 @@ class Agent(Protocol):
         """Learner state (parameters, optimiser state, counters)."""
 
     def inference_params(self, learner_state) -> Params:
-        """The parameters the inference server uses (e.g. quantised)."""
+        """The fp32 parameters `act` runs on (the precision mode publishes them)."""
 
     def sequence_spec(self) -> SequenceSpec: ...
 
