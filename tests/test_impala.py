@@ -24,11 +24,12 @@ from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.quant.mode import InferencePrecision
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import InferenceServer, _Request
+from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec, impala_codec
 from seedq import schema
+from serving import serve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,7 +85,7 @@ def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls):
     server_unrolls, actor_unrolls = [], []
     for obs, rewards, terminated, truncated in step_stream(num_envs, 23):
         steps = codec.Steps(np.arange(num_envs, dtype=np.int32), rewards, terminated, truncated, obs)
-        actions, _, unrolls = server._infer([_Request(entry, steps, None)])
+        actions, _, unrolls = serve(server, entry, steps)
         actor_actions, actor_batch = builder.step(params, 3, obs, rewards, terminated, truncated)
         np.testing.assert_array_equal(actions, actor_actions)
         assert (unrolls is None) == (actor_batch is None)
