@@ -151,7 +151,7 @@ def wait_until(predicate, what, timeout=WAIT_SECONDS, interval=0.05, learners=()
 
 def connected_entry(learner, actor_id):
     """The table's live entry for `actor_id` (None if not connected)."""
-    return learner.table._actors.get(actor_id)
+    return next((e for e in learner.table.entries() if e.actor_id == actor_id), None)
 
 
 def assert_training_continues(learner, steps=3, procs=()):
@@ -588,7 +588,8 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
         old.step(2)
         # Fill the queue, then let a full unroll block the batcher on it.
         assert learner.queue.try_put(
-            {k: np.zeros((4, *v.shape[1:]), v.dtype) for k, v in learner.inference.store._buffers.items()}
+            {k: np.zeros((4, *v.shape), v.dtype)
+             for k, v in schema.stored_sequence_shapes(learner.agent, learner.spec).items()}
         )
         filler = open_stream()
         filler.handshake("filler", "r", 2)
@@ -603,7 +604,7 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
         )
         old.send(codec.encode_steps([0, 1], np.zeros(2), np.zeros(2), np.zeros(2),
                                     np.zeros((2, 4), np.float32)))
-        wait_until(lambda: len(learner.inference._pending) == 1, "a/r1's request to wait")
+        wait_until(lambda: len(learner.inference.waiting()) == 1, "a/r1's request to wait")
         new = open_stream()
         new.handshake("a", "r2", 2)
         assert learner.table.runs_started == 3
@@ -693,7 +694,7 @@ def test_stuck_and_slow_actors_never_hold_back_a_healthy_one(healthy, raw):
         # The stuck stream is still connected, holding only its own 3 slots and no request.
         assert connected_entry(learner, "stuck") is stuck_entry and not stuck_entry.closed
         np.testing.assert_array_equal(learner.inference.store.partial_steps(stuck_entry.slots), [1, 1, 1])
-        assert all(r.entry is not stuck_entry for r in learner.inference._pending)
+        assert stuck_entry not in learner.inference.waiting()
         assert stuck_entry.timed_out_waits <= 1, stuck_entry.timed_out_waits
         assert slow_entry.timed_out_waits <= len(slow_sent) == 3, slow_entry.timed_out_waits
     finally:

@@ -166,6 +166,10 @@ class InferenceServer:
         """Continues from a checkpointed key; call before serving."""
         self._rng = rng
 
+    def waiting(self) -> list[ActorEntry]:
+        """The streams whose request waits for the next batch (any thread: a copy)."""
+        return [request.entry for request in list(self._pending)]
+
     # --- stream side (event-loop thread) ---
 
     def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
