@@ -551,7 +551,7 @@ def test_valid_step_batches_decode_to_what_was_sent():
 def impala_layout() -> UnrollLayout:
     """The CartPole V-trace learner's unroll definition, as an IMPALA learner checks it."""
     from seedq.agents import make_agent
-    from seedq.server.inference import sequence_fields
+    from seedq.schema import sequence_fields
 
     config = dataclasses.replace(TrainConfig(), env="CartPole-v1",
                                  vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5))
