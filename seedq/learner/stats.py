@@ -33,6 +33,8 @@ class ActorStats:
 
 @dataclasses.dataclass(frozen=True)
 class LearnerStats:
+    """A learner's counters at one moment (see the module docstring)."""
+
     time: float  # time.monotonic() of the learner process when taken
     learner_run: str
     # --- env steps and episodes ---
