@@ -11,12 +11,13 @@ import sys
 import time
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
+from fake_learner import ScriptedLearner
 
 from seedq import cli
 from seedq import checkpoint
 from seedq.learner.events import read_scalars
+from seedq.learner.stats import ActorStats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -315,45 +316,6 @@ def test_print_config_with_resume_shows_saved_config_plus_overrides(local_run, c
 # --- progress display and metrics ---
 
 
-class _FakeLearner:
-    def __init__(self):
-        from seedq.server.env_table import EpisodeLog
-        from seedq.server.inference import InferenceStats
-
-        self.table = SimpleNamespace(frames=0, num_connected=2)
-        self.episodes = EpisodeLog(window=10)
-        self.episodes.add(np.array([10.0, 20.0]), np.array([10, 20]), 30)
-        self.inference = SimpleNamespace(stats=InferenceStats())
-        self.queue = SimpleNamespace(capacity=256, __len__=lambda: 3)
-        self.train_steps = self.version = 0
-        self.publish_seconds_total, self.publishes = 0.0, 0
-        self.waiting_for_actors = False
-        self.batches = None
-        self.agent = SimpleNamespace(int8_plan=None)  # fp32: no int8 plan
-
-    def advance(self):
-        self.table.frames += 5000
-        self.train_steps += 20
-        self.version += 20
-        self.publish_seconds_total += 0.02
-        self.publishes += 20
-        for ms in (1, 2, 3, 40):
-            self.inference.stats.record_latency(ms / 1e3)
-
-    def metrics(self):
-        return {"loss/total": 0.5, "grad_norm": 1.25}
-
-    def take_lag_stats(self):
-        return 1.5, 3
-
-
-class _Queue:
-    capacity = 256
-
-    def __len__(self):
-        return 3
-
-
 @pytest.mark.parametrize("terminal", [True, False])
 def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     from rich.console import Console
@@ -361,28 +323,38 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     from seedq.config import TrainConfig
     from seedq.learner.reporting import RunReporter
 
-    learner = _FakeLearner()
-    learner.queue = _Queue()
+    started = time.monotonic()
+    learner = ScriptedLearner(started, episodes=30, mean_return=15.0, mean_length=15.0,
+                              mean_inference_batch=12.5, queue_depth=3,
+                              actors=(ActorStats("a", "r", 4, 0), ActorStats("b", "r", 4, 0)))
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=terminal, width=300)
-    reporter = RunReporter(TrainConfig(logdir=str(tmp_path)), learner, time.monotonic(), console=console)
+    reporter = RunReporter(TrainConfig(logdir=str(tmp_path)), learner, started, console=console)
     for _ in range(3):
         learner.advance()
         reporter.tick()
     reporter.close_display()
-    reporter.writer.close()
+    reporter.close()
     stdout = capsys.readouterr().out
     if terminal:  # one line redrawn in place on the terminal, nothing on plain stdout
         assert stdout == ""
         assert "train steps" in screen.getvalue() and "\x1b[" in screen.getvalue()
     else:  # plain log lines
         assert stdout.count("train steps") == 3 and "\x1b[" not in stdout
+        assert stdout.splitlines()[-1] == (
+            "[    3.0s] frames     15,000 (  5.0k/s) | episodes     30 | return(100)    15.0 "
+            "| train steps     60 (  20/s) | infer batch  12.5 p99 38.9ms | queue    3/256 "
+            "| actors 2 | fp32 | loss   0.5000"
+        )
     scalars = read_scalars(tmp_path)
     assert scalars["learner/policy_lag_mean"][-1] == (15000, 1.5)
-    assert scalars["inference/latency_ms_p99"][-1][1] == pytest.approx(38.89, abs=0.01)
+    assert scalars["inference/latency_ms_p99"][-1][1] == pytest.approx(38.89)
     assert scalars["inference/latency_ms_p50"][-1][1] == pytest.approx(2.5)
     assert scalars["learner/publish_ms"][-1][1] == pytest.approx(1.0)
-    assert scalars["learner/steps_per_second"][-1][1] > 0
+    assert scalars["learner/steps_per_second"][-1] == (15000, pytest.approx(20.0))
+    assert scalars["throughput/frames_per_second"][-1] == (15000, pytest.approx(5000.0))
+    assert scalars["actors/connected"][-1] == (15000, 2.0)
+    assert scalars["grad_norm"][-1] == (15000, 1.25)
 
 
 # --- docs and notebook ---

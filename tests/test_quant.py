@@ -668,15 +668,12 @@ def test_force_int8_needs_int8_precision():
 
 
 def test_progress_line_and_summary_report_the_int8_mac_share():
-    from types import SimpleNamespace
-
-    from seedq.learner import reporting
+    from seedq.learner import sinks
 
     a, b = ("a",), ("b",)
     plan = qplan.Int8Plan({8: frozenset(), 64: frozenset({a}), 256: frozenset({a, b})},
                           {a: 3, b: 1}, {a: {}, b: {}})
-    assert reporting._int8_share_text(SimpleNamespace(int8_plan=plan)) == " MACs 0-100%"
-    assert reporting._int8_plan(SimpleNamespace(int8_plan=plan))["mac_share"] == {
-        "8": 0.0, "64": 0.75, "256": 1.0}
-    assert reporting._int8_share_text(SimpleNamespace(int8_plan=None)) == ""
-    assert reporting._int8_plan(SimpleNamespace()) is None  # agents without int8 (r2d2)
+    # LearnerStats.int8_plan (and summary.json's) is the plan's dict.
+    assert sinks.int8_share_text(plan.to_dict()) == " MACs 0-100%"
+    assert plan.to_dict()["mac_share"] == {"8": 0.0, "64": 0.75, "256": 1.0}
+    assert sinks.int8_share_text(None) == ""  # no int8 plan (fp32, bf16, r2d2)

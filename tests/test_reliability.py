@@ -109,8 +109,7 @@ def _save(config: TrainConfig, learner: Learner, train_steps: int, *, final: boo
     learner.train_steps = train_steps
     reporter = RunReporter(config, learner, time.monotonic(), quiet=True)
     path = reporter.checkpoint(final=final)
-    reporter._checkpoints.close()
-    reporter.writer.close()
+    reporter.close()
     return path
 
 

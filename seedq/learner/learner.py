@@ -5,7 +5,7 @@ Threads:
     batcher (all per-env state lives here);
   * training thread: queue -> prefetch -> jitted update -> publish params
     (`_train_loop`, readable top to bottom);
-  * the caller's thread: starts/stops, and reads `progress()`.
+  * the caller's thread: starts/stops, and reads `stats()` (the reporter).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.config import TrainConfig
 from seedq.envs import env_spec
+from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION
 from seedq.server.env_table import EnvTable, EpisodeLog
@@ -92,14 +93,13 @@ class Learner:
         # The latest gaps over LONG_GAP_SECONDS: (seconds, monotonic time it ended).
         self.long_train_step_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=20)
         # (state, train_steps, trained_frames, version) change together under
-        # this lock, so a checkpoint never pairs parameters with stale counters.
+        # this lock, so a checkpoint never pairs parameters with stale counters;
+        # the train-step timing and publish counters too, for `stats()`.
         self._state_lock = threading.Lock()
-        # Cumulative publish timing and policy-lag statistics for the reporter.
+        # Cumulative publish timing (`stats()`: publish_ms since a mark).
         self.publish_seconds_total = 0.0
         self.publishes = 0
-        self._lag_lock = threading.Lock()
-        self._lag = [0.0, 0, 0]  # sum, count, max since the last take_lag_stats()
-        self.lag_total = [0.0, 0]  # sum, count over the whole run
+        self.policy_lag = PolicyLagLog()
         self.params_publisher = None  # IMPALA mode: serialized parameters for actors
         self.waiting_for_actors = False
         self.last_metrics: dict | None = None
@@ -165,13 +165,6 @@ class Learner:
         """(learner state, train_steps, trained_frames, policy version), consistent."""
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
-
-    def take_lag_stats(self) -> tuple[float | None, int | None]:
-        """(mean, max) policy lag of the steps trained on since the last call."""
-        with self._lag_lock:
-            total, count, worst = self._lag
-            self._lag = [0.0, 0, 0]
-        return (total / count, worst) if count else (None, None)
 
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
@@ -271,12 +264,13 @@ class Learner:
                     self.version += 1
                     self.train_steps += 1
                     self.trained_frames += frames_per_batch
-                self._record_step_time(time.monotonic())
+                    self._record_step_time(time.monotonic())
                 published = time.perf_counter()
                 params = jax.block_until_ready(self.published_params(state))
                 self.inference.publish(params, self.version)
-                self.publish_seconds_total += time.perf_counter() - published
-                self.publishes += 1
+                with self._state_lock:
+                    self.publish_seconds_total += time.perf_counter() - published
+                    self.publishes += 1
                 self.batches.after_update(batch, metrics)
                 self._metrics_pending = metrics
                 batch = next_batch
@@ -288,6 +282,7 @@ class Learner:
             self._stop.set()
 
     def _record_step_time(self, now: float) -> None:
+        """Books a train step's time (called under `_state_lock`)."""
         if self.last_train_step_at is None and self.table.frames == self._frames_at_start:
             return  # no env step of this process yet (restored replay only)
         if self.last_train_step_at is not None:
@@ -344,21 +339,87 @@ class Learner:
         behaviour = batch.get(BEHAVIOUR_VERSION) if isinstance(batch, dict) else None
         if behaviour is None:
             return
-        lag = self.version - np.asarray(behaviour)
-        with self._lag_lock:
-            self._lag[0] += float(lag.sum())
-            self._lag[1] += lag.size
-            self._lag[2] = max(self._lag[2], int(lag.max()))
-            self.lag_total[0] += float(lag.sum())
-            self.lag_total[1] += lag.size
-
-    def policy_lag_mean(self) -> float | None:
-        """Mean policy lag over every step trained on so far (summary.json)."""
-        with self._lag_lock:
-            total, count = self.lag_total
-        return total / count if count else None
+        self.policy_lag.record(self.version - np.asarray(behaviour))
 
     # --- reporting (caller's thread) ---
+
+    def stats(self, since: LearnerStats | None = None) -> LearnerStats:
+        """One snapshot of this learner's counters (seedq.learner.stats); its
+        interval figures cover what happened since `since`, an earlier one.
+        Counters that change together are read under the lock they change under."""
+        with self._state_lock:
+            now = time.monotonic()
+            train_steps, trained_frames, version = self.train_steps, self.trained_frames, self.version
+            last_step, max_gap = self.last_train_step_at, self.max_train_step_gap
+            max_gap_ended, long_gaps = self.max_train_step_gap_ended_at, tuple(self.long_train_step_gaps)
+            publishes, publish_seconds = self.publishes, self.publish_seconds_total
+        episodes, mean_return, mean_length, window_full = self.episodes.snapshot()
+        inference = self.inference.stats
+        latency_count = inference.latency_count
+        interval = {}
+        if since is None:
+            lag = self.policy_lag.totals()
+        else:
+            lag, lag_mean, lag_max = self.policy_lag.since(since.lag)
+            latency = inference.latency_percentiles(since.latency_count)
+            interval = dict(
+                latency_p50_seconds=None if latency is None else latency[0],
+                latency_p99_seconds=None if latency is None else latency[1],
+                policy_lag_mean=lag_mean, policy_lag_max=lag_max,
+                publish_ms=(
+                    1e3 * (publish_seconds - since.publish_seconds_total) / (publishes - since.publishes)
+                    if publishes > since.publishes else None
+                ),
+            )
+        source_stats = getattr(self.batches, "stats", None)
+        table = self.table
+        return LearnerStats(
+            time=now, learner_run=self.learner_run,
+            frames=int(table.frames), frames_dropped=int(self.inference.store.dropped_steps),
+            episodes=int(episodes), mean_return=mean_return, mean_length=mean_length,
+            return_window_full=window_full,
+            train_steps=int(train_steps), trained_frames=int(trained_frames), policy_version=int(version),
+            last_train_step_at=last_step, max_train_step_gap=max_gap,
+            max_train_step_gap_ended_at=max_gap_ended, long_train_step_gaps=long_gaps,
+            publishes=publishes, publish_seconds_total=publish_seconds,
+            waiting_for_actors=self.waiting_for_actors, error=self.error, lag=lag,
+            inference_batches=inference.batches, mean_inference_batch=inference.mean_batch_size(),
+            inference_compiles=inference.compiles, latency_count=latency_count,
+            queue_depth=len(self.queue), queue_capacity=self.queue.capacity,
+            actors=tuple(
+                ActorStats(e.actor_id, e.run_id, e.num_envs, e.timed_out_waits) for e in table.entries()
+            ),
+            actor_runs_started=table.runs_started, actor_runs_ended=table.runs_dropped,
+            batch_source=dict(source_stats()) if source_stats is not None else {},
+            int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
+            **interval,
+        )
+
+    def checkpoint_snapshot(self, *, counters: dict, target: dict):
+        """Everything needed to continue this run as host arrays (what `restore`
+        reads back), a `checkpoint.Snapshot`; `counters` adds the run's own
+        (elapsed seconds, segments), `target` when the target was reached."""
+        from seedq.checkpoint import Snapshot
+
+        state, train_steps, trained_frames, version = self.snapshot()
+        episodes, _, _, _ = self.episodes.snapshot()
+        returns, lengths = self.episodes.window()
+        return Snapshot(
+            state=jax.device_get(state),
+            rng=np.asarray(jax.device_get(self.inference.rng)),
+            counters={
+                "train_steps": int(train_steps),
+                "trained_frames": int(trained_frames),
+                "policy_version": int(version),
+                "frames": int(self.table.frames),
+                "episodes": int(episodes),
+                **counters,
+            },
+            episode_window={"returns": returns, "lengths": lengths},
+            target=target,
+            config=config_lib.to_dict(self.config),
+            replay=self.replay_checkpoint(),
+        )
 
     def metrics(self) -> dict:
         """Latest training metrics as floats (blocks on the newest update)."""

@@ -1,0 +1,116 @@
+"""When a run stops, checkpoints and evaluates: decisions made from `LearnerStats`.
+
+Pure book-keeping (no threads, no I/O, no clock reads of its own: every
+decision takes the time from the snapshot it is given), so each rule can be
+tested with hand-made snapshots. `seedq.learner.reporting` carries the
+decisions out.
+
+A resumed run continues its clock (`RunClock.prior_seconds`) and, when the
+target is still the same, the record of when it was reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from seedq.config import TrainConfig
+from seedq.learner.stats import LearnerStats
+
+INF = float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunClock:
+    """The run's elapsed seconds over all its segments (resumes)."""
+
+    started: float  # time.monotonic() when this segment's command started
+    prior_seconds: float = 0.0  # elapsed seconds of the earlier segments
+
+    def elapsed(self, now: float) -> float:
+        """`now` (a time.monotonic()) in seconds of this run so far."""
+        return self.prior_seconds + now - self.started
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetRecord:
+    """When the target return was reached (all None: not yet)."""
+
+    seconds_to_target: float | None = None
+    frames_to_target: int | None = None
+    # The window mean that met the target (the final one can differ: episodes
+    # that actors finish after the check still enter the window).
+    mean_return_at_target: float | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.frames_to_target is not None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resumed_target(config: TrainConfig, saved_target: dict, saved_config: dict) -> TargetRecord:
+    """The checkpoint's target record, if its target is still this run's
+    (a resume that changes --target-return starts the record afresh)."""
+    if saved_config.get("target_return") != config.target_return:
+        return TargetRecord()
+    return TargetRecord(**{f.name: saved_target.get(f.name) for f in dataclasses.fields(TargetRecord)})
+
+
+class RunController:
+    """Stop conditions (target return, max seconds, max frames, a failed
+    learner, every actor gone), the checkpoint schedule (seconds and train
+    steps) and the periodic evaluation schedule."""
+
+    def __init__(
+        self, config: TrainConfig, clock: RunClock, now: float, *,
+        target: TargetRecord = TargetRecord(), last_checkpoint_step: int | None = None,
+    ):
+        self.config = config
+        self.clock = clock
+        self.target = target
+        self._last_checkpoint_step = last_checkpoint_step
+        self._next_checkpoint_time = now + (config.checkpoint_every_seconds or INF)
+        self._next_eval_time = now + (config.eval_every_seconds or INF)
+
+    def observe(self, stats: LearnerStats) -> None:
+        """Records the moment the return window (full) first meets the target."""
+        target = self.config.target_return
+        if self.target.reached or target is None:
+            return
+        if stats.return_window_full and stats.mean_return is not None and stats.mean_return >= target:
+            self.target = TargetRecord(self.clock.elapsed(stats.time), stats.frames, float(stats.mean_return))
+
+    def stop_reason(self, stats: LearnerStats, *, actors_exited: bool = False) -> str | None:
+        """Why the run stops now (None: it goes on); checks the target first."""
+        self.observe(stats)
+        cfg = self.config
+        if cfg.target_return is not None and self.target.reached:
+            return "target_return"
+        if cfg.max_seconds and self.clock.elapsed(stats.time) >= cfg.max_seconds:
+            return "max_seconds"
+        if cfg.max_frames and stats.frames >= cfg.max_frames:
+            return "max_frames"
+        if stats.error is not None:
+            return "learner_error"
+        if actors_exited:
+            return "actors_exited"
+        return None
+
+    def checkpoint_due(self, stats: LearnerStats) -> bool:
+        if stats.time >= self._next_checkpoint_time:
+            return True
+        every = self.config.checkpoint_every_steps
+        return bool(every and stats.train_steps - (self._last_checkpoint_step or 0) >= every)
+
+    def checkpoint_taken(self, train_step: int, now: float) -> None:
+        """Restarts both checkpoint intervals (`now`: a time.monotonic())."""
+        self._last_checkpoint_step = train_step
+        self._next_checkpoint_time = now + (self.config.checkpoint_every_seconds or INF)
+
+    def eval_due(self, now: float) -> bool:
+        """Whether a periodic evaluation should start now; a True restarts the interval."""
+        if not self.config.eval_episodes or now < self._next_eval_time:
+            return False
+        self._next_eval_time = now + self.config.eval_every_seconds
+        return True

@@ -1,0 +1,304 @@
+"""Where a run's figures go: the console progress line, TensorBoard, stats.json
+and summary.json. Each sink is fed `LearnerStats` snapshots (through `Tick`)
+and never reads the learner itself.
+
+The progress display is one line: redrawn in place (rich) when stdout is a
+terminal, printed as plain log lines otherwise. TensorBoard steps are env
+frames; a resumed segment purges the points a killed one logged after its
+last checkpoint (`purge_step`), so curves continue.
+
+`<logdir>/stats.json` is the run's live state for programs that watch it
+(`seedq bench soak`, probes, `watch cat`), rewritten atomically. One small
+file replaced in place is the cheapest thing a watcher can read at any
+moment (TensorBoard events are flushed every few seconds and need a parser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from tensorboardX import SummaryWriter
+
+from seedq.config import TrainConfig
+from seedq.learner.run_control import RunClock, TargetRecord
+from seedq.learner.stats import LearnerStats
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """One progress interval: a snapshot taken with `since` = the previous tick's,
+    the latest training metrics, and the rates over the interval."""
+
+    stats: LearnerStats
+    metrics: dict
+    elapsed_seconds: float
+    frames_per_second: float
+    steps_per_second: float
+
+    @classmethod
+    def after(cls, previous: LearnerStats, previous_time: float, stats: LearnerStats,
+              metrics: dict, elapsed_seconds: float) -> "Tick":
+        """The interval from `previous` (taken at `previous_time`, a time.monotonic()) to `stats`."""
+        dt = max(stats.time - previous_time, 1e-9)
+        return cls(
+            stats, metrics, elapsed_seconds,
+            frames_per_second=(stats.frames - previous.frames) / dt,
+            steps_per_second=(stats.train_steps - previous.train_steps) / dt,
+        )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
+def int8_share_text(int8_plan: dict | None) -> str:
+    """' MACs 12-96%': the range over batch sizes of the share of the network's
+    multiply-accumulates run in int8 (empty unless an int8 plan is in use)."""
+    if int8_plan is None:
+        return ""
+    shares = [round(100 * s) for s in int8_plan["mac_share"].values()]
+    lo, hi = min(shares), max(shares)
+    return f" MACs {lo}%" if lo == hi else f" MACs {lo}-{hi}%"
+
+
+def progress_line(config: TrainConfig, tick: Tick) -> str:
+    s, metrics = tick.stats, tick.metrics
+    ret = "-" if s.mean_return is None else f"{s.mean_return:7.1f}"
+    loss = metrics.get("loss/total")
+    entropy = metrics.get("policy/entropy")
+    p99 = "-" if s.latency_p99_seconds is None else f"{1e3 * s.latency_p99_seconds:.1f}ms"
+    waiting = (
+        f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else ""
+    )
+    return (
+        f"[{tick.elapsed_seconds:7.1f}s] frames {s.frames:>10,} ({tick.frames_per_second / 1e3:5.1f}k/s) "
+        f"| episodes {s.episodes:>6,} | return({config.return_window}) {ret} "
+        f"| train steps {s.train_steps:>6,} ({tick.steps_per_second:4.0f}/s) "
+        f"| infer batch {s.mean_inference_batch:5.1f} p99 {p99} "
+        f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
+        f"| actors {s.num_connected} "
+        f"| {config.precision}{int8_share_text(s.int8_plan)}"
+        + ("" if loss is None else f" | loss {loss:8.4f}")
+        # A policy collapsing to one action shows here first (learning health).
+        + ("" if entropy is None else f" | entropy {entropy:5.3f}")
+        + waiting
+    )
+
+
+class ConsoleSink:
+    """The progress line, and the closing lines of a run."""
+
+    def __init__(self, config: TrainConfig, *, quiet: bool = False, console=None):
+        self.config = config
+        self.quiet = quiet
+        self._live = None
+        if not quiet:
+            from rich.console import Console
+
+            console = console or Console(highlight=False)
+            if console.is_terminal:
+                from rich.live import Live
+
+                self._live = Live(console=console, auto_refresh=False, transient=False)
+                self._live.start()
+
+    def tick(self, tick: Tick) -> None:
+        if self.quiet:
+            return
+        line = progress_line(self.config, tick)
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+        else:
+            print(line, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        """Leaves the in-place progress line as the last line on screen."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def finish(self, summary: dict) -> None:
+        if self.quiet:
+            return
+        cfg, frames_to_target = self.config, summary["frames_to_target"]
+        if cfg.target_return is None:
+            target = "no target"
+        elif frames_to_target is not None:
+            target = (
+                f"target {cfg.target_return:g} reached after {summary['seconds_to_target']:.1f}s, "
+                f"{frames_to_target:,} frames"
+            )
+        else:
+            target = f"target {cfg.target_return:g} not reached"
+        print(
+            f"done ({summary['stop_reason']}): {summary['frames']:,} frames in "
+            f"{summary['wall_seconds']:.1f}s; {target}; run directory {cfg.logdir}",
+            flush=True,
+        )
+        evaluation = summary["eval"]
+        if evaluation is not None:
+            print(
+                f"eval: {evaluation['episodes']} {evaluation['policy']} episodes (seed "
+                f"{evaluation['seed']}): mean return {evaluation['mean']:.1f}, std "
+                f"{evaluation['std']:.1f}, min {evaluation['min']:g}, max {evaluation['max']:g}",
+                flush=True,
+            )
+
+
+def tensorboard_scalars(tick: Tick) -> dict[str, float | None]:
+    s = tick.stats
+    return {
+        "episode/return_mean": s.mean_return,
+        "episode/length_mean": s.mean_length,
+        "episode/count": s.episodes,
+        "throughput/frames_per_second": tick.frames_per_second,
+        "learner/steps_per_second": tick.steps_per_second,
+        "inference/batch_size_mean": s.mean_inference_batch,
+        "inference/latency_ms_p50": _ms(s.latency_p50_seconds),
+        "inference/latency_ms_p99": _ms(s.latency_p99_seconds),
+        "inference/compiles": s.inference_compiles,
+        "queue/depth_unrolls": s.queue_depth,
+        "actors/connected": s.num_connected,
+        "learner/train_steps": s.train_steps,
+        "learner/policy_version": s.policy_version,
+        "learner/policy_lag_mean": s.policy_lag_mean,
+        "learner/policy_lag_max": s.policy_lag_max,
+        "learner/publish_ms": s.publish_ms,
+        "time/elapsed_seconds": tick.elapsed_seconds,
+        **tick.metrics,
+        # Batch sources may report their own statistics (replay size, priorities, ...).
+        **s.batch_source,
+    }
+
+
+class TensorBoardSink:
+    """Scalars at env-frame steps; the run's precision as text."""
+
+    def __init__(self, config: TrainConfig, frames: int, *, purge_step: int | None = None):
+        self.writer = SummaryWriter(config.logdir, flush_secs=5, purge_step=purge_step)
+        # The inference precision is part of every run's record, next to its curves.
+        self.writer.add_text("run/precision", config.precision, frames)
+
+    def tick(self, tick: Tick) -> None:
+        for name, value in tensorboard_scalars(tick).items():
+            if value is not None:
+                self.writer.add_scalar(name, value, tick.stats.frames)
+
+    def evaluation(self, result: dict, step: int) -> None:
+        for key in ("mean", "std", "min", "max"):
+            self.writer.add_scalar(f"eval/return_{key}", result[key], step)
+        self.writer.add_scalar("eval/length_mean", result["mean_length"], step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What the reporter adds to the learner's counters: this segment and its checkpoints."""
+
+    clock: RunClock
+    segment: int
+    resumed_from: str | None
+    last_checkpoint: str | None
+    checkpoints_taken_at: tuple[float, ...]  # run seconds
+
+
+def stats_json(stats: LearnerStats, run: RunInfo, *, pid: int, wall_time: float) -> dict:
+    """The live state of this learner process (stats.json)."""
+    clock, now = run.clock, stats.time
+
+    def run_seconds(monotonic_time: float) -> float:  # on the run's elapsed-seconds clock
+        return clock.elapsed(monotonic_time)
+
+    last_step, gap_ended = stats.last_train_step_at, stats.max_train_step_gap_ended_at
+    return {
+        "time": wall_time,
+        "pid": pid,
+        "learner_run": stats.learner_run,
+        "segment": run.segment,
+        "resumed_from": run.resumed_from,
+        "elapsed_seconds": clock.elapsed(now),
+        "train_steps": stats.train_steps,
+        "trained_frames": stats.trained_frames,
+        "policy_version": stats.policy_version,
+        "frames": stats.frames,
+        "episodes": stats.episodes,
+        "mean_return": stats.mean_return,
+        "return_window_full": stats.return_window_full,
+        # Train-step timing of this process (None before its first step).
+        "seconds_since_train_step": None if last_step is None else now - last_step,
+        "max_train_step_gap_seconds": stats.max_train_step_gap,
+        # When that longest gap ended, in this run's elapsed seconds (correlate with checkpoints).
+        "max_train_step_gap_ended_at": None if gap_ended is None else run_seconds(gap_ended),
+        # The latest gaps over 0.5 s: [seconds, ended at (run seconds)], and when the
+        # latest checkpoints were taken (run seconds), to tell what a stall coincided with.
+        "long_train_step_gaps": [[gap, run_seconds(ended)] for gap, ended in stats.long_train_step_gaps],
+        "checkpoints_taken_at": list(run.checkpoints_taken_at),
+        # Env steps of partial unrolls dropped with an actor's stream (lost to training).
+        "frames_dropped": stats.frames_dropped,
+        "actor_runs_started": stats.actor_runs_started,
+        "actor_runs_ended": stats.actor_runs_ended,
+        "actors": [
+            {"actor_id": a.actor_id, "run_id": a.run_id, "num_envs": a.num_envs} for a in stats.actors
+        ],
+        "last_checkpoint": run.last_checkpoint,
+        # The batch source's own numbers (R2D2: replay size, inserted, sampled, ...).
+        "batch_source": stats.batch_source,
+    }
+
+
+def summary_json(
+    config: TrainConfig, stats: LearnerStats, target: TargetRecord, run: RunInfo, *,
+    stop_reason: str, wall_seconds: float, segment_seconds: float, checkpoint: str,
+    evaluation: dict | None,
+) -> dict:
+    """The run's result (summary.json), from the learner's final snapshot."""
+    return {
+        "agent": config.agent,
+        "env": config.env,
+        "architecture": config.architecture,
+        "precision": config.precision,
+        # int8: the measured per-layer plan (share of MACs in int8 per padded batch size).
+        "int8_plan": stats.int8_plan,
+        "frames": stats.frames,
+        "trained_frames": stats.trained_frames,
+        "train_steps": stats.train_steps,
+        "wall_seconds": wall_seconds,
+        "episodes": stats.episodes,
+        "mean_return_last100": stats.mean_return,
+        "return_window": config.return_window,
+        "target_return": config.target_return,
+        "reached_target": target.reached,
+        "seconds_to_target": target.seconds_to_target,
+        "frames_to_target": target.frames_to_target,
+        "mean_return_at_target": target.mean_return_at_target,
+        "stop_reason": stop_reason,
+        "actor_runs": stats.actor_runs_started,
+        "mean_inference_batch": stats.mean_inference_batch,
+        "checkpoint": checkpoint,
+        "policy_version": stats.policy_version,
+        # Learner version minus behaviour version, per trained step (None: no training yet).
+        "policy_lag_mean": stats.lag.mean,
+        "segments": run.segment,
+        "segment_seconds": segment_seconds,
+        "resumed_from": run.resumed_from,
+        "eval": evaluation,
+    }
+
+
+def write_json_atomically(path: str, value: dict, *, indent: int | None = None) -> None:
+    """Readers see the old file or the new one, never a part."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=indent)
+        if indent is not None:
+            f.write("\n")
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,243 @@
+"""The reporter's parts: the run controller's decisions (stop conditions,
+checkpoint and eval schedules), the stats.json and summary.json sinks, the
+policy-lag log, and `Learner.stats()` of a real (not started) learner."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from fake_learner import ScriptedLearner, learner_stats
+
+from seedq.config import TrainConfig
+from seedq.learner.run_control import RunClock, RunController, TargetRecord, resumed_target
+from seedq.learner.sinks import RunInfo, stats_json, summary_json
+from seedq.learner.stats import ActorStats, LagTotals, PolicyLagLog
+
+
+def controller(now: float = 100.0, prior_seconds: float = 0.0, **config) -> RunController:
+    cfg = TrainConfig(**{"target_return": None, "max_seconds": 0, "checkpoint_every_seconds": 0, **config})
+    return RunController(cfg, RunClock(started=now, prior_seconds=prior_seconds), now)
+
+
+# --- stop conditions ---
+
+
+def test_target_needs_a_full_window_and_is_kept_once_reached():
+    c = controller(target_return=475, prior_seconds=50.0)
+    above = dict(mean_return=480.0, frames=9000)
+    assert c.stop_reason(learner_stats(time=110.0, return_window_full=False, **above)) is None
+    assert c.stop_reason(learner_stats(time=111.0, return_window_full=True, mean_return=474.9)) is None
+    assert not c.target.reached
+    assert c.stop_reason(learner_stats(time=112.0, return_window_full=True, **above)) == "target_return"
+    # Run seconds include the earlier segments' 50 s.
+    assert c.target == TargetRecord(seconds_to_target=62.0, frames_to_target=9000, mean_return_at_target=480.0)
+    # The record is of the first time: a later dip, or a later better mean, does not change it.
+    later = learner_stats(time=130.0, return_window_full=True, mean_return=400.0, frames=20000)
+    assert c.stop_reason(later) == "target_return" and c.target.frames_to_target == 9000
+
+
+def test_no_target_never_stops_on_returns():
+    c = controller(target_return=None)
+    assert c.stop_reason(learner_stats(return_window_full=True, mean_return=1e9)) is None
+    assert not c.target.reached
+
+
+def test_max_seconds_counts_the_earlier_segments():
+    c = controller(now=100.0, prior_seconds=50.0, max_seconds=60)
+    assert c.stop_reason(learner_stats(time=109.9)) is None
+    assert c.stop_reason(learner_stats(time=110.0)) == "max_seconds"
+    assert controller(max_seconds=0).stop_reason(learner_stats(time=1e9)) is None  # 0: no limit
+
+
+def test_max_frames():
+    c = controller(max_frames=1000)
+    assert c.stop_reason(learner_stats(frames=999)) is None
+    assert c.stop_reason(learner_stats(frames=1000)) == "max_frames"
+
+
+def test_stop_reasons_in_order_target_limits_error_actors():
+    failed = RuntimeError("boom")
+    c = controller(target_return=10, max_frames=100)
+    assert c.stop_reason(learner_stats(error=failed), actors_exited=True) == "learner_error"
+    assert c.stop_reason(learner_stats(), actors_exited=True) == "actors_exited"
+    assert c.stop_reason(learner_stats(frames=100, error=failed), actors_exited=True) == "max_frames"
+    done = learner_stats(frames=100, return_window_full=True, mean_return=10.0, error=failed)
+    assert c.stop_reason(done) == "target_return"
+
+
+def test_resumed_target_is_kept_only_for_the_same_target():
+    saved = {"seconds_to_target": 12.5, "frames_to_target": 700, "mean_return_at_target": 480.0}
+    cfg = TrainConfig(target_return=475)
+    assert resumed_target(cfg, saved, {"target_return": 475}) == TargetRecord(12.5, 700, 480.0)
+    assert resumed_target(cfg, saved, {"target_return": 200}) == TargetRecord()
+    c = RunController(cfg, RunClock(0.0), 0.0, target=resumed_target(cfg, saved, {"target_return": 475}))
+    assert c.stop_reason(learner_stats()) == "target_return"  # reached in an earlier segment
+
+
+# --- checkpoint and eval schedules ---
+
+
+def test_checkpoint_due_every_seconds_counted_from_the_last_one():
+    c = controller(now=100.0, checkpoint_every_seconds=30)
+    assert not c.checkpoint_due(learner_stats(time=129.9))
+    assert c.checkpoint_due(learner_stats(time=130.0))
+    c.checkpoint_taken(train_step=5, now=131.0)
+    assert not c.checkpoint_due(learner_stats(time=160.9))
+    assert c.checkpoint_due(learner_stats(time=161.0))
+    assert not controller(checkpoint_every_seconds=0).checkpoint_due(learner_stats(time=1e9))
+
+
+def test_checkpoint_due_every_steps_counted_from_the_last_one():
+    c = controller(checkpoint_every_steps=100)
+    assert not c.checkpoint_due(learner_stats(train_steps=99))
+    assert c.checkpoint_due(learner_stats(train_steps=100))
+    c.checkpoint_taken(train_step=150, now=100.0)
+    assert not c.checkpoint_due(learner_stats(train_steps=249))
+    assert c.checkpoint_due(learner_stats(train_steps=250))
+    # A resumed run counts from its checkpoint's step.
+    cfg = TrainConfig(checkpoint_every_steps=100, checkpoint_every_seconds=0)
+    resumed = RunController(cfg, RunClock(0.0), 0.0, last_checkpoint_step=1000)
+    assert not resumed.checkpoint_due(learner_stats(train_steps=1099))
+
+
+def test_eval_due_every_seconds_only_with_eval_episodes():
+    c = controller(now=100.0, eval_every_seconds=10, eval_episodes=5)
+    assert not c.eval_due(109.9)
+    assert c.eval_due(110.0)
+    assert not c.eval_due(119.9)  # the interval restarted
+    assert c.eval_due(120.0)
+    assert not controller(eval_every_seconds=10, eval_episodes=0).eval_due(1e9)
+    assert not controller(eval_every_seconds=0, eval_episodes=5).eval_due(1e9)
+
+
+# --- the reporter drives them ---
+
+
+def test_reporter_stops_on_max_frames_and_raises_on_a_failed_learner(tmp_path):
+    from seedq.learner.reporting import RunReporter
+
+    config = TrainConfig(logdir=str(tmp_path), max_frames=10_000, stats_every_seconds=0,
+                         checkpoint_every_seconds=0)
+    learner = ScriptedLearner(time.monotonic())
+    learner.advance()
+    learner.advance()  # 10,000 frames
+    reporter = RunReporter(config, learner, time.monotonic(), quiet=True)
+    assert reporter.run_until_done([]) == "max_frames"
+    reporter.close()
+
+    learner.advance(error=ValueError("nan loss"))
+    config = TrainConfig(logdir=str(tmp_path), stats_every_seconds=0, checkpoint_every_seconds=0)
+    reporter = RunReporter(config, learner, time.monotonic(), quiet=True)
+    with pytest.raises(RuntimeError, match="training thread failed") as failure:
+        reporter.run_until_done([])
+    assert isinstance(failure.value.__cause__, ValueError)
+    reporter.close()
+
+
+# --- stats.json and summary.json ---
+
+
+def test_stats_json_puts_train_step_times_on_the_run_clock():
+    run = RunInfo(RunClock(started=100.0, prior_seconds=50.0), segment=2, resumed_from="/ckpt",
+                  last_checkpoint="/ckpt2", checkpoints_taken_at=(55.0, 60.0))
+    stats = learner_stats(
+        time=130.0, last_train_step_at=128.0, max_train_step_gap=3.0, max_train_step_gap_ended_at=120.0,
+        long_train_step_gaps=((3.0, 120.0), (0.7, 125.0)), actors=(ActorStats("a", "r1", 8, 2),),
+        batch_source={"replay/size": 40}, frames=123,
+    )
+    d = json.loads(json.dumps(stats_json(stats, run, pid=7, wall_time=1.5)))
+    assert d["elapsed_seconds"] == 80.0 and d["seconds_since_train_step"] == 2.0
+    assert d["max_train_step_gap_ended_at"] == 70.0
+    assert d["long_train_step_gaps"] == [[3.0, 70.0], [0.7, 75.0]]
+    assert d["actors"] == [{"actor_id": "a", "run_id": "r1", "num_envs": 8}]
+    assert d["segment"] == 2 and d["checkpoints_taken_at"] == [55.0, 60.0] and d["frames"] == 123
+    assert d["batch_source"] == {"replay/size": 40} and d["pid"] == 7
+    fresh = stats_json(learner_stats(), run, pid=7, wall_time=1.5)
+    assert fresh["seconds_since_train_step"] is None and fresh["max_train_step_gap_ended_at"] is None
+
+
+def test_summary_json_from_the_final_snapshot():
+    config = TrainConfig(target_return=475)
+    run = RunInfo(RunClock(0.0), segment=1, resumed_from=None, last_checkpoint=None, checkpoints_taken_at=())
+    stats = learner_stats(frames=5000, train_steps=20, lag=LagTotals(batches=2, steps=10, total=15.0),
+                          actor_runs_started=3, episodes=40, mean_return=480.0)
+    target = TargetRecord(9.5, 4000, 476.0)
+    d = summary_json(config, stats, target, run, stop_reason="target_return", wall_seconds=10.0,
+                     segment_seconds=10.0, checkpoint="/c", evaluation=None)
+    assert d["policy_lag_mean"] == 1.5 and d["actor_runs"] == 3 and d["frames"] == 5000
+    assert d["reached_target"] and d["frames_to_target"] == 4000 and d["mean_return_at_target"] == 476.0
+    assert d["mean_return_last100"] == 480.0 and d["int8_plan"] is None
+    assert summary_json(config, learner_stats(), TargetRecord(), run, stop_reason="max_frames",
+                        wall_seconds=1.0, segment_seconds=1.0, checkpoint="/c",
+                        evaluation=None)["policy_lag_mean"] is None  # no training yet
+
+
+# --- the policy-lag log ---
+
+
+def test_policy_lag_since_any_earlier_mark():
+    log = PolicyLagLog()
+    start = log.totals()
+    log.record(np.array([1, 2, 3]))
+    middle = log.totals()
+    log.record(np.array([5, 0]))
+    now, mean, worst = log.since(middle)
+    assert (mean, worst) == (2.5, 5)
+    assert log.since(start)[1:] == (pytest.approx(11 / 5), 5)  # a second reader, its own interval
+    assert now.mean == pytest.approx(11 / 5) and now.batches == 2
+    assert log.since(now)[1:] == (None, None)  # nothing since
+
+
+# --- Learner.stats() of a real learner ---
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    from seedq.learner.learner import Learner
+
+    config = TrainConfig(logdir=str(tmp_path_factory.mktemp("run")), eval_episodes=0)
+    return Learner(config, "unix:unused")
+
+
+def test_learner_stats_before_any_actor(learner):
+    s = learner.stats()
+    assert (s.frames, s.train_steps, s.episodes, s.num_connected) == (0, 0, 0, 0)
+    assert s.queue_depth == 0 and s.queue_capacity == learner.config.server.queue_capacity_unrolls
+    assert s.int8_plan is None and s.error is None and s.mean_return is None
+    assert s.latency_p99_seconds is None and s.publish_ms is None  # no interval without `since`
+
+
+def test_learner_stats_interval_figures_cover_only_what_came_after_the_mark(learner):
+    timings = learner.inference.stats
+    for _ in range(100):
+        timings.record_latency(0.5)  # before the mark: left out
+    mark = learner.stats()
+    for ms in (1, 2, 3, 40):
+        timings.record_latency(ms / 1e3)
+    learner.episodes.add(np.array([10.0, 20.0]), np.array([10, 30]), 30)
+    s = learner.stats(since=mark)
+    assert s.latency_p50_seconds == pytest.approx(0.0025) and s.latency_p99_seconds == pytest.approx(0.03889)
+    assert s.episodes == mark.episodes + 2 and s.mean_length == pytest.approx(20.0)
+    assert learner.stats(since=s).latency_p99_seconds is None
+
+
+def test_checkpoint_snapshot_carries_the_learner_counters_and_the_run_ones(learner):
+    snapshot = learner.checkpoint_snapshot(counters={"elapsed_seconds": 12.0, "segments": 2},
+                                           target=TargetRecord().to_dict())
+    s = learner.stats()
+    assert snapshot.counters == {"train_steps": 0, "trained_frames": 0, "policy_version": 0,
+                                 "frames": s.frames, "episodes": s.episodes,
+                                 "elapsed_seconds": 12.0, "segments": 2}
+    returns, _ = learner.episodes.window()
+    assert snapshot.episode_window["returns"] == returns and snapshot.replay is None
+
+
+def test_int8_learner_stats_carry_its_plan(tmp_path):
+    from seedq.learner.learner import Learner
+
+    int8 = Learner(TrainConfig(logdir=str(tmp_path), eval_episodes=0, precision="int8"), "unix:unused")
+    plan = int8.stats().int8_plan
+    assert plan == int8.int8_plan.to_dict() and set(plan["mac_share"]) >= {"8", "256"}
