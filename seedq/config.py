@@ -307,7 +307,8 @@ class DevicesConfig:
     """Which of this host's JAX devices run inference and which train
     (seedq.devices; docs/devices.md). 0 means auto: on one device both share
     it; on more, 1 device infers and training takes the largest count of the
-    others that divides the training batch."""
+    others that divides the training batch. Validated, but not yet used by
+    the learner (docs/devices.md)."""
 
     # Devices that run the inference server's batches (0: auto).
     inference: int = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import NamedTuple
@@ -152,7 +153,37 @@ def test_data_parallel_update_on_4_devices_equals_the_single_device_update(measu
         assert result["priority_spread"] > 100 * TOLERANCE  # not all equal: order matters
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "the networks flatten time-major [T, B] to [T*B] (seedq/agents/vtrace/networks.py, "
+    "seedq/agents/r2d2/networks.py): with B sharded that reshape makes XLA all-gather the "
+    "activations and compute the weight gradients whole on every device; flattening "
+    "batch-major (swapaxes, then reshape to [B*T]) fixes it (docs/devices.md)"))
+@pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
+def test_the_update_all_reduces_gradients_and_gathers_no_activations(measured, agent):
+    collectives = measured[agent]["collectives"]
+    assert collectives["gradient_all_reduces"] > 0
+    # Only per-sequence outputs ([B], R2D2's priorities) may be gathered.
+    assert all(len(shape) == 1 for shape in collectives["gathered_shapes"]), collectives
+
+
 # --- the subprocess ---
+
+
+def _collectives(compiled_text: str) -> dict:
+    """The cross-device operations in compiled HLO: the result shapes of every
+    all-gather, and how many all-reduces carry arrays (gradients), not scalars."""
+    gathered, array_reduces = [], 0
+    for line in compiled_text.splitlines():
+        match = re.search(r"= (.*?) (all-gather|all-reduce)(-start)?\(", line)
+        if not match:
+            continue
+        shapes = [[int(d) for d in dims.split(",") if d] for dims in re.findall(r"\w+\[([\d,]*)\]", match[1])]
+        if match[2] == "all-gather":
+            gathered.extend(shapes)
+        elif any(shapes):
+            array_reduces += 1
+    return {"gathered_shapes": gathered, "gradient_all_reduces": array_reduces}
+
 
 
 def _random_batch(agent, spec, batch_size: int, seed: int) -> dict[str, np.ndarray]:
@@ -215,7 +246,9 @@ def _compare(agent_name: str, split) -> dict:
         placed = parallel.place_batch(batch)
         state, metrics = parallel.update(state, placed)
 
+    compiled = parallel.update.lower(state, placed).compile().as_text()
     result = {
+        "collectives": _collectives(compiled),
         "batch_size": batch_size,
         "rows_per_device": [s.data.shape[0] for s in placed["reward"].addressable_shards],
         "state_devices": len(jax.tree.leaves(state.params)[0].sharding.device_set),
