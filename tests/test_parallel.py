@@ -207,7 +207,7 @@ def _random_batch(agent, spec, batch_size: int, seed: int) -> dict[str, np.ndarr
         t = int(rng.integers(1, length - 1))
         batch["terminated" if b % 2 else "truncated"][b, t] = True
         batch["first"][b, t + 1] = True
-    if hasattr(agent, "make_batch_source") and agent.config.__class__ is R2D2Config:
+    if isinstance(agent.config, R2D2Config):
         # What prioritized replay adds to a sampled batch.
         batch["weights"] = rng.uniform(0.2, 1.0, batch_size).astype(np.float32)
         batch["indices"] = np.arange(batch_size, dtype=np.int32)
@@ -229,7 +229,7 @@ def _compare(agent_name: str, split) -> dict:
     from seedq.schema import EnvSpec
 
     spec = EnvSpec("float32", (4,), num_actions=2)  # CartPole's
-    config = TrainConfig(agent=agent_name, r2d2=R2D2Config(target_update_period=1, min_replay_size=32))
+    config = TrainConfig(agent=agent_name, r2d2=R2D2Config(target_update_period=1))
     _, batch_size = config.training_batch
     agent = make_agent(config, spec)
     initial = jax.jit(agent.init)(jax.random.PRNGKey(0))
