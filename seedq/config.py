@@ -303,6 +303,32 @@ class R2D2Config:
 
 
 @dataclasses.dataclass(frozen=True)
+class DevicesConfig:
+    """Which of this host's JAX devices run inference and which train
+    (seedq.devices; docs/devices.md). 0 means auto: on one device both share
+    it; on more, 1 device infers and training takes the largest count of the
+    others that divides the training batch. Validated, but not yet used by
+    the learner (docs/devices.md)."""
+
+    # Devices that run the inference server's batches (0: auto).
+    inference: int = 0
+    # Devices the update runs data-parallel over; must divide the training
+    # batch (vtrace.batch_size or r2d2.batch_size) (0: auto).
+    training: int = 0
+
+    def validate(self, batch_size: int, batch_name: str) -> None:
+        """ValueError unless the counts are >= 0 and an explicit training count divides the batch."""
+        for name in ("inference", "training"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"devices.{name}={getattr(self, name)}: must be >= 0 (0: auto)")
+        if self.training and batch_size % self.training:
+            raise ValueError(
+                f"devices.training={self.training} does not divide the training batch "
+                f"{batch_name}={batch_size} (each training device takes an equal share)"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A whole training run (learner plus locally launched actors)."""
 
@@ -368,6 +394,7 @@ class TrainConfig:
     dmc: DmcConfig = DmcConfig()
     vtrace: VTraceConfig = VTraceConfig()
     r2d2: R2D2Config = R2D2Config()
+    devices: DevicesConfig = DevicesConfig()
 
     def validate(self) -> None:
         """Raises ValueError naming the first field that is out of range."""
@@ -442,6 +469,8 @@ class TrainConfig:
             raise ValueError("vtrace.shared_torso=false needs vtrace.use_lstm=false (one LSTM state per env)")
         if self.agent == "r2d2":
             self._validate_r2d2()
+        batch_name, batch_size = self.training_batch
+        self.devices.validate(batch_size, batch_name)
         if self.checkpoints_to_keep <= 0:
             raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep}: must be > 0")
         non_negative = {
@@ -489,6 +518,12 @@ class TrainConfig:
                 f"r2d2.eval_envs={r.eval_envs} must be < num_actors * envs_per_actor "
                 f"= {self.num_actors * self.envs_per_actor} (training envs are needed)"
             )
+
+    @property
+    def training_batch(self) -> tuple[str, int]:
+        """(field name, size) of the batch one update trains on: sequences of the agent's section."""
+        name = "r2d2.batch_size" if self.agent == "r2d2" else "vtrace.batch_size"
+        return name, getattr(self, self.agent).batch_size
 
     @property
     def env_options(self) -> EnvOptions:

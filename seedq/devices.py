@@ -1,0 +1,151 @@
+"""The learner's devices: which run inference, which train, and training
+data-parallel over the training ones (docs/devices.md).
+
+Split rule (`split_devices`, over this host's devices in `jax.local_devices()`
+order; `devices.inference` / `devices.training`, 0 meaning auto):
+
+* One device: inference and training share it (today's single-device
+  learner); explicit counts above 1 are refused.
+* More devices: inference takes the first `devices.inference` of them
+  (auto: 1), training the next `devices.training` (auto: the largest count
+  of the remaining devices that divides the training batch, so every
+  training device gets an equal share of every batch). Devices left over
+  stay idle. With the default batches (V-trace 16, R2D2 32) a v5e-8 host
+  (8 devices) gets 1 inference + 4 training devices, a v4-8 host (4 devices)
+  1 + 2; raising the batch to a multiple of 7 (or 3) uses all of them.
+* An explicit split that asks for more devices than exist, or an explicit
+  training count that does not divide the batch, is refused with one line
+  (naming the devices found, or both numbers).
+
+The global batch stays `batch_size` whatever the split (it is not per
+device), so hyperparameters mean the same on one device and on eight.
+
+Data-parallel training (`data_parallel`): a one-axis `Mesh` over the training
+devices, every batch leaf sharded along its leading (batch) axis, the learner
+state replicated, and the agent's own `update` jitted with those shardings.
+The agents' losses are means over the whole batch, so XLA's SPMD partitioner
+computes per-device partial gradients and inserts the all-reduce that makes
+them the global mean; nothing here writes a collective by hand, and the
+sharded update equals the single-device one up to float summation order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from seedq.config import DevicesConfig
+
+BATCH_AXIS = "batch"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSplit:
+    """The devices inference runs on and the devices training runs over (the
+    same single device when `shared`)."""
+
+    inference: tuple
+    training: tuple
+    idle: tuple = ()
+
+    @property
+    def shared(self) -> bool:
+        return self.inference == self.training
+
+    def describe(self) -> dict[str, list[int]]:
+        """Device ids per role, as `summary.json` records them."""
+        return {"inference": [d.id for d in self.inference], "training": [d.id for d in self.training]}
+
+
+def device_names(devices: Sequence) -> str:
+    """'cpu:0, cpu:1, ...': the devices an error message names."""
+    return ", ".join(f"{d.platform}:{d.id}" for d in devices)
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(k for k in range(1, limit + 1) if n % k == 0)
+
+
+def split_devices(devices: Sequence, wanted: DevicesConfig, batch_size: int,
+                  batch_name: str = "batch_size") -> DeviceSplit:
+    """The inference/training split of `devices` (see the module docstring);
+    ValueError with a one-line message for a split that cannot be had."""
+    devices = tuple(devices)
+    if not devices:
+        raise ValueError("no JAX devices found")
+    wanted.validate(batch_size, batch_name)
+    found = f"found {len(devices)}: {device_names(devices)}"
+    if len(devices) == 1:
+        if wanted.inference > 1 or wanted.training > 1:
+            raise ValueError(
+                f"devices.inference={wanted.inference} devices.training={wanted.training} asks for "
+                f"more devices than exist ({found}; one device is shared by inference and training)"
+            )
+        return DeviceSplit(inference=devices, training=devices)
+    inference = wanted.inference or 1
+    rest = len(devices) - inference
+    if rest < 1 or wanted.training > rest:
+        asked = inference + max(wanted.training, 1)
+        raise ValueError(
+            f"devices.inference={wanted.inference} devices.training={wanted.training} asks for "
+            f"{asked} devices ({found})"
+        )
+    training = wanted.training or _largest_divisor_at_most(batch_size, rest)
+    return DeviceSplit(
+        inference=devices[:inference],
+        training=devices[inference:inference + training],
+        idle=devices[inference + training:],
+    )
+
+
+def resolve_split(config, devices: Sequence | None = None) -> DeviceSplit:
+    """The split a run's `TrainConfig` asks for, over `devices` (default: this
+    host's devices)."""
+    batch_name, batch_size = config.training_batch
+    return split_devices(jax.local_devices() if devices is None else devices, config.devices,
+                         batch_size, batch_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    """An agent's update, data-parallel over `mesh`: `update(state, batch)`
+    takes a state from `place_state` and a batch from `place_batch` and
+    returns the new (replicated) state and metrics, every metric replicated
+    (R2D2's per-sequence priorities [B] come back whole, in batch order)."""
+
+    mesh: Mesh
+    update: Callable[[Any, Any], tuple[Any, dict]]
+    replicated: NamedSharding
+    batch_sharding: NamedSharding
+
+    @property
+    def num_devices(self) -> int:
+        return self.mesh.size
+
+    def place_batch(self, batch):
+        """A host batch ({name: [B, ...]}) on the training devices, each holding
+        B / num_devices consecutive rows of every field."""
+        return jax.device_put(batch, self.batch_sharding)
+
+    def place_state(self, state):
+        """The learner state (parameters, optimiser state, counters) copied to every training device."""
+        return jax.device_put(state, self.replicated)
+
+
+def data_parallel(agent, devices: Sequence) -> DataParallel:
+    """`agent.update` jitted over a one-axis mesh of `devices`: batch sharded
+    along its leading axis, state replicated; XLA derives the gradient mean
+    across devices from these shardings (module docstring)."""
+    mesh = Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
+    update = jax.jit(
+        agent.update,
+        in_shardings=(replicated, batch_sharding),
+        out_shardings=(replicated, replicated),
+    )
+    return DataParallel(mesh, update, replicated, batch_sharding)
