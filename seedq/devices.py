@@ -149,3 +149,21 @@ def data_parallel(agent, devices: Sequence) -> DataParallel:
         out_shardings=(replicated, replicated),
     )
     return DataParallel(mesh, update, replicated, batch_sharding)
+
+
+def inference_placement(devices: Sequence) -> NamedSharding:
+    """Where the inference parameters live: a copy on every inference device."""
+    return NamedSharding(Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,)), PartitionSpec())
+
+
+def sharded_act(act: Callable, devices: Sequence) -> Callable:
+    """An acting function `act(params, rng, obs, first, core, inputs)` jitted
+    over several inference devices: each inference batch is split along its
+    env axis across them (so its padded size must be a multiple of their
+    count), parameters and the PRNG key replicated, every device running the
+    same program on its share with its own copy of the parameters."""
+    mesh = Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    rows = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
+    return jax.jit(act, in_shardings=(replicated, replicated, rows, rows, rows, rows),
+                   out_shardings=(rows, rows, rows, replicated))

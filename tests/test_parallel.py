@@ -116,6 +116,31 @@ def test_the_flags_exist_and_a_bad_split_is_one_line_on_the_command_line(capsys)
     assert "\n" not in err and "devices.training=3" in err and "vtrace.batch_size=16" in err
 
 
+# --- the learner on a device split, 8 forced CPU devices ---
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_local_run_trains_on_a_device_split_and_records_it(tmp_path, precision):
+    """`seedq train` on 2 inference + 4 training devices: batches of inference
+    are split across two devices, updates are data-parallel over four, and the
+    run records the split. Bounded by frames (learning on a split is measured
+    in docs/devices.md: CartPole reaches 475 there)."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={FORCED_DEVICES}"}
+    logdir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "train", "--env", "CartPole-v1", "--devices.inference", "2",
+         "--devices.training", "4", "--precision", precision, "--max-frames", "20000",
+         "--target-return", "none", "--eval-episodes", "2", "--logdir", str(logdir),
+         "--log-every-seconds", "0.5"] + (["--quant.force-int8"] if precision == "int8" else []),
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["devices"] == {"inference": [0, 1], "training": [2, 3, 4, 5]}
+    assert summary["train_steps"] > 0 and summary["frames"] >= 20000
+    assert "| devices 2+4" in done.stdout
+
+
 # --- data-parallel training, on 8 forced CPU devices in a subprocess ---
 
 

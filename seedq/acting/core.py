@@ -106,13 +106,22 @@ class StepResult:
 
 class ActingCore:
     def __init__(self, agent, spec: schema.EnvSpec, precision, *, record: bool = True,
-                 reward_clip: float = 0.0, greedy: bool = False, capacity: int = 64):
+                 reward_clip: float = 0.0, greedy: bool = False, capacity: int = 64,
+                 devices=None):
         """`precision`: a `seedq.quant.mode.InferencePrecision` for `agent`.
         `record`: keep an unroll store (training); `greedy`: act with the
-        agent's greedy policy (evaluation)."""
+        agent's greedy policy (evaluation); `devices`: several inference
+        devices to split every batch across (`seedq.devices.sharded_act`)."""
         self.agent = agent
         self.reward_clip = float(reward_clip)
-        self._act = jax.jit(precision.greedy_act if greedy else precision.act)
+        act = precision.greedy_act if greedy else precision.act
+        self.shards = len(devices) if devices else 1
+        if self.shards > 1:
+            from seedq.devices import sharded_act
+
+            self._act = sharded_act(act, devices)
+        else:
+            self._act = jax.jit(act)
         self.core = {k: np.asarray(v) for k, v in agent.initial_core_state(capacity).items()}
         self.episodes = EpisodeTracker(capacity)
         self.store = None
@@ -162,7 +171,7 @@ class ActingCore:
         """
         n = len(slots)
         first, ended, returns, lengths = self.episodes.observe(slots, rewards, terminated, truncated)
-        size = max(pad_to or n, n)
+        size = -(-max(pad_to or n, n) // self.shards) * self.shards  # a multiple of the devices
         core_before = {name: table[slots] for name, table in self.core.items()}
         actions, outputs, new_core, rng = self._act(
             params, rng, pad_rows(obs, size), pad_rows(first, size, fill=True),

@@ -26,6 +26,7 @@ from seedq import grpc_setup, jax_setup, schema
 from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.config import TrainConfig
+from seedq.devices import data_parallel, inference_placement, resolve_split
 from seedq.envs import env_spec
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
@@ -51,7 +52,16 @@ class Learner:
         self.agent = make_agent(config, self.spec)
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
-        self.state = jax.jit(self.agent.init)(init_rng)
+        # Which devices run inference and which train (seedq.devices): on one
+        # device both share it and nothing is placed explicitly; otherwise
+        # training is data-parallel over its devices and the inference
+        # parameters are copied to every inference device after each update.
+        self.devices = resolve_split(config)
+        self._parallel = None if self.devices.shared else data_parallel(self.agent, self.devices.training)
+        self._inference_placement = (
+            None if self.devices.shared else inference_placement(self.devices.inference)
+        )
+        self.state = self._place_state(jax.jit(self.agent.init)(init_rng))
         # Inference precision is a mode of the server, for any agent.
         self.precision = InferencePrecision(self.agent, self.spec, config.precision)
         # int8: the per-layer int8/fp32 choice at the server's padded batch
@@ -76,6 +86,7 @@ class Learner:
             rng=act_rng,
             reward_clip=training_reward_clip(config),
             precision=self.precision,
+            devices=self.devices.inference if len(self.devices.inference) > 1 else None,
         )
         self.inference.publish(self.published_params(self.state), self.version)
         self.learner_run = uuid.uuid4().hex[:12]
@@ -110,13 +121,18 @@ class Learner:
         self._server_ready = threading.Event()
         self._server_error: BaseException | None = None
         self._threads: list[threading.Thread] = []
-        self._update = jax.jit(self.agent.update)
+        self._update = self._parallel.update if self._parallel else jax.jit(self.agent.update)
         self.batches = self.agent.make_batch_source(self.queue)
 
     def published_params(self, state):
         """The parameters the server acts with: the agent's fp32 inference
         parameters at the server's precision."""
-        return self.precision.publish(self.agent.inference_params(state))
+        params = self.precision.publish(self.agent.inference_params(state))
+        return params if self._inference_placement is None else jax.device_put(params, self._inference_placement)
+
+    def _place_state(self, state):
+        """The learner state on the training devices (replicated when data-parallel)."""
+        return jax.device_put(state) if self._parallel is None else self._parallel.place_state(state)
 
     # --- lifecycle ---
 
@@ -125,7 +141,7 @@ class Learner:
         counters, the recent episode window and the inference RNG key."""
         counters = snapshot.counters
         with self._state_lock:
-            self.state = jax.device_put(snapshot.state)
+            self.state = self._place_state(snapshot.state)
             self.version = int(counters["policy_version"])
             self.train_steps = int(counters["train_steps"])
             self.trained_frames = int(counters["trained_frames"])
@@ -320,7 +336,8 @@ class Learner:
         if batch is None:
             return None
         self._record_lag(batch)
-        return jax.device_put(batch)
+        # Data-parallel: already sharded along the batch over the training devices.
+        return jax.device_put(batch) if self._parallel is None else self._parallel.place_batch(batch)
 
     def _wait_for_actors(self) -> None:
         """Holds training until `config.min_actors` actors are connected."""
@@ -392,6 +409,7 @@ class Learner:
             actor_runs_started=table.runs_started, actor_runs_ended=table.runs_dropped,
             batch_source=dict(source_stats()) if source_stats is not None else {},
             int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
+            devices=self.devices.describe(),
             **interval,
         )
 

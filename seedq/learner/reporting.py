@@ -57,7 +57,8 @@ class RunReporter:
             last_checkpoint_step=stats.train_steps if resumed is not None else None,
         )
         self.tensorboard = TensorBoardSink(
-            config, stats.frames, purge_step=stats.frames if resumed is not None else None
+            config, stats.frames, purge_step=stats.frames if resumed is not None else None,
+            devices=stats.devices,
         )
         self.console = ConsoleSink(config, quiet=quiet, console=console)
         # The first interval counts from the command's start.

@@ -64,6 +64,13 @@ def int8_share_text(int8_plan: dict | None) -> str:
     return f" MACs {lo}%" if lo == hi else f" MACs {lo}-{hi}%"
 
 
+def devices_text(devices: dict) -> str:
+    """' | devices 2+4' (inference + training) when they are split; empty on one
+    shared device."""
+    inference, training = devices.get("inference", []), devices.get("training", [])
+    return "" if inference == training else f" | devices {len(inference)}+{len(training)}"
+
+
 def progress_line(config: TrainConfig, tick: Tick) -> str:
     s, metrics = tick.stats, tick.metrics
     ret = "-" if s.mean_return is None else f"{s.mean_return:7.1f}"
@@ -81,6 +88,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
         f"| actors {s.num_connected} "
         f"| {config.precision}{int8_share_text(s.int8_plan)}"
+        + devices_text(s.devices)
         + ("" if loss is None else f" | loss {loss:8.4f}")
         # A policy collapsing to one action shows here first (learning health).
         + ("" if entropy is None else f" | entropy {entropy:5.3f}")
@@ -177,12 +185,15 @@ def tensorboard_scalars(tick: Tick) -> dict[str, float | None]:
 
 
 class TensorBoardSink:
-    """Scalars at env-frame steps; the run's precision as text."""
+    """Scalars at env-frame steps; the run's precision and device split as text."""
 
-    def __init__(self, config: TrainConfig, frames: int, *, purge_step: int | None = None):
+    def __init__(self, config: TrainConfig, frames: int, *, purge_step: int | None = None,
+                 devices: dict | None = None):
         self.writer = SummaryWriter(config.logdir, flush_secs=5, purge_step=purge_step)
         # The inference precision is part of every run's record, next to its curves.
         self.writer.add_text("run/precision", config.precision, frames)
+        if devices:
+            self.writer.add_text("run/devices", json.dumps(devices), frames)
 
     def tick(self, tick: Tick) -> None:
         for name, value in tensorboard_scalars(tick).items():
@@ -269,6 +280,8 @@ def summary_json(
         "precision": config.precision,
         # int8: the measured per-layer plan (share of MACs in int8 per padded batch size).
         "int8_plan": stats.int8_plan,
+        # Which devices ran inference and which trained (the same one on a single device).
+        "devices": stats.devices,
         "frames": stats.frames,
         "trained_frames": stats.trained_frames,
         "train_steps": stats.train_steps,

@@ -75,6 +75,8 @@ class LearnerStats:
     batch_source: dict[str, Any]
     # int8 precision: the per-layer plan (`Int8Plan.to_dict()`); None otherwise.
     int8_plan: dict | None
+    # Device ids per role: {"inference": [...], "training": [...]} (seedq.devices).
+    devices: dict[str, list[int]]
     # --- since `since` (None without it, or when nothing of the kind happened) ---
     latency_p50_seconds: float | None = None
     latency_p99_seconds: float | None = None

@@ -115,11 +115,13 @@ class InferenceServer:
         rng: jax.Array,
         reward_clip: float = 0.0,
         precision: InferencePrecision | None = None,
+        devices=None,
     ):
         """`precision`: the inference precision mode (fp32 when None); `publish`
         takes parameters already published at it. `reward_clip` > 0: training
         rewards are clipped to [-reward_clip, reward_clip] (Atari); episode
-        returns are booked from the unclipped rewards."""
+        returns are booked from the unclipped rewards. `devices`: several
+        inference devices, each batch split across them (`seedq.devices`)."""
         self.agent = agent
         self.spec = spec
         self.table = table
@@ -128,7 +130,7 @@ class InferenceServer:
         self.timeout = batch_timeout_ms / 1000.0
         self.buckets = bucket_sizes(max_batch_size)
         self.precision = precision or InferencePrecision(agent, spec, "fp32")
-        self.core = ActingCore(agent, spec, self.precision, reward_clip=reward_clip)
+        self.core = ActingCore(agent, spec, self.precision, reward_clip=reward_clip, devices=devices)
         self.stats = InferenceStats()
         self._rng = rng
         self._published: tuple[object, int] | None = None
@@ -305,6 +307,7 @@ class InferenceServer:
         size = next((b for b in self.buckets if b >= n), None)
         if size is None:  # a single actor with more envs than max_batch_size
             size = n
+        size = -(-size // self.core.shards) * self.core.shards  # split evenly across devices
         if size not in self._compiled:
             self._compiled.add(size)
             log.info("compiling inference for batch size %d", size)
