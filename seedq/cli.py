@@ -308,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--warmup-seconds", type=float, default=3.0)
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(tp, config_lib.DevicesConfig, "devices.")
     stuck = bench_sub.add_parser(
         "stuck",
         help="a healthy actor's round trip with and without stuck (and slow) actors, in one run",
@@ -767,14 +768,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from seedq.bench import throughput
 
-            result = throughput.run(
-                env_id=args.env,
-                num_actors=args.actors,
-                envs_per_actor=args.envs_per_actor,
-                seconds=args.seconds,
-                warmup_seconds=args.warmup_seconds,
-                train=not args.no_train,
-            )
+            try:
+                result = throughput.run(
+                    env_id=args.env,
+                    num_actors=args.actors,
+                    envs_per_actor=args.envs_per_actor,
+                    seconds=args.seconds,
+                    warmup_seconds=args.warmup_seconds,
+                    train=not args.no_train,
+                    devices=config_from_args(args, config_lib.DevicesConfig, "devices."),
+                )
+            except (ValueError, RuntimeError) as e:
+                print(f"seedq bench throughput: {e}", file=sys.stderr)
+                return 1
         if args.json:
             print(json.dumps(result))
         else:

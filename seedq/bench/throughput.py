@@ -53,13 +53,15 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
 
 
 def system_fps(
-    env_id: str, num_actors: int, envs_per_actor: int, seconds: float, warmup_seconds: float, train: bool
+    env_id: str, num_actors: int, envs_per_actor: int, seconds: float, warmup_seconds: float, train: bool,
+    devices=None,
 ) -> dict:
-    from seedq.config import TrainConfig
+    from seedq.config import DevicesConfig, TrainConfig
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_actors
 
-    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor)
+    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
+                         devices=devices or DevicesConfig())
     config.validate()
     with tempfile.TemporaryDirectory(prefix="seedq-bench-") as stats_dir:
         address = default_address()
@@ -79,15 +81,21 @@ def system_fps(
             batches, steps = stats.batches - b0, stats.env_steps - s0
             train_steps = learner.train_steps - t0
             busy = stats.busy_seconds - busy0
+            split = learner.devices.describe()
         finally:
             stop_actors(actors)
             learner.stop()
         actor_stats = [read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
     rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
     rtts_p99 = [s["rtt_p99_ms"] for s in actor_stats if s and s["rtt_p99_ms"] is not None]
+    inference_devices = len(split["inference"])
     return {
         "system_fps": frames / elapsed,
+        "devices": split,
         "mean_inference_batch": steps / batches if batches else 0.0,
+        # Each batch is split evenly across the inference devices (seedq.devices.sharded_act),
+        # so every one of them is busy for the same share of the time.
+        "per_device_inference_batch": steps / batches / inference_devices if batches else 0.0,
         "inference_calls_per_second": batches / elapsed,
         "train_steps_per_second": train_steps / elapsed,
         # Share of wall time the server thread spent running inference batches.
@@ -124,9 +132,11 @@ def run(
     seconds: float = 10.0,
     warmup_seconds: float = 3.0,
     train: bool = True,
+    devices=None,
 ) -> dict:
+    """`devices`: a `DevicesConfig` split for the learner (default: auto)."""
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
-    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train)
+    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train, devices)
     return {
         "env": env_id,
         "actors": num_actors,
