@@ -28,3 +28,22 @@ def run_notebook(tmp_path):
         return outputs, "".join(o.get("text", "") for o in outputs)
 
     return run
+
+
+TIERS = ("unit", "e2e", "learning")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test names its tier (pyproject.toml's markers, docs/testing.md): an
+    unmarked test would silently fall out of `-m unit` and of `-m e2e`, so it
+    fails collection instead; a unit test is nothing else."""
+    wrong = []
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if not tiers or ("unit" in tiers and len(tiers) > 1):
+            wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
+    if wrong:
+        raise pytest.UsageError(
+            f"{len(wrong)} test(s) need exactly one of unit, or e2e and/or learning "
+            f"(pytest.mark.<tier> or the module's pytestmark): " + "; ".join(wrong[:5])
+        )

@@ -9,6 +9,8 @@ from seedq.v1 import seed_pb2
 from seedq.wire import codec
 from seedq.wire.codec import EnvSpec, ProtocolError
 
+pytestmark = pytest.mark.unit
+
 DISCRETE = EnvSpec("float32", (4,), num_actions=2)
 BOX = EnvSpec(
     "float32", (3,), action_shape=(2,), action_low=(-1.0, -2.0), action_high=(1.0, 2.0)

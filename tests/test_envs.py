@@ -29,6 +29,7 @@ def seedq(*args, timeout=300, env=None):
 # --- environment ids ---------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_env_kinds_and_specs():
     assert env_kind("CartPole-v1") == "gym"
     assert env_kind("ALE/Pong-v5") == "atari"
@@ -43,6 +44,7 @@ def test_env_kinds_and_specs():
     assert env_spec("dmc:walker-walk").obs_shape == (24,)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("env_id, words", [
     ("Nope-v9", "unknown environment id 'Nope-v9'"),
     ("dmc:cartpole", "use dmc:<domain>-<task>"),
@@ -57,6 +59,7 @@ def test_bad_env_ids_are_clear_errors(env_id, words):
     assert words in str(e.value)
 
 
+@pytest.mark.unit
 def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
     env = make_vector_env("dmc:cartpole-swingup", 2, seed=0)
     try:
@@ -72,6 +75,7 @@ def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
         env.close()
 
 
+@pytest.mark.unit
 def test_dmc_action_repeat_sums_rewards_and_keeps_the_return_scale():
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, (1000, 1)).astype(np.float32)
@@ -115,6 +119,7 @@ USER_ENV = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
     (tmp_path / "my_envs.py").write_text(USER_ENV)
     import os
@@ -149,6 +154,7 @@ def _frames(atari: AtariConfig, actions) -> np.ndarray:
         env.close()
 
 
+@pytest.mark.unit
 def test_action_repeat_advances_the_frame_by_frame_skip_emulator_frames():
     steps = 60  # past Pong's serve, so the ball and paddles move
     actions = np.random.default_rng(0).integers(0, 6, steps)
@@ -163,6 +169,7 @@ def test_action_repeat_advances_the_frame_by_frame_skip_emulator_frames():
     assert np.mean(np.asarray(moved) > 0) > 0.9
 
 
+@pytest.mark.unit
 def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
     actions = np.random.default_rng(1).integers(0, 6, 60)
     pooled = _frames(EXACT, actions).astype(int)
@@ -202,6 +209,7 @@ def _recorded_breakout(stack: int, steps: int):
     return stacks, stacks[..., -1], first
 
 
+@pytest.mark.unit
 def test_learner_side_stacking_equals_actor_side_stacking_across_episodes():
     stack, unroll = 4, 11
     expected, frames, first = _recorded_breakout(stack, steps=400)
@@ -233,6 +241,7 @@ def test_learner_side_stacking_equals_actor_side_stacking_across_episodes():
 # --- spec refusal -----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
     from seedq.config import TrainConfig
     from seedq.learner.learner import Learner
@@ -256,6 +265,7 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
 # --- end to end on Atari and DeepMind Control -------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("agent, extra", [
     ("vtrace", []),
     ("r2d2", ["--r2d2.min-replay-size", "4", "--r2d2.batch-size", "4", "--r2d2.burn-in", "4",
@@ -282,6 +292,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     assert config["frame_stack"] == 4 and config["atari"]["frame_skip"] == 4
 
 
+@pytest.mark.e2e
 def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     logdir = tmp_path / "dmc"
     result = seedq(
@@ -354,6 +365,7 @@ def obs_envs(tmp_path, monkeypatch):
     return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+@pytest.mark.unit
 def test_non_box_observations_are_flattened_to_one_float_vector(obs_envs):
     # FrozenLake: Discrete(16) -> one-hot; Blackjack: Tuple(Discrete(32), Discrete(11), Discrete(2)).
     assert env_spec("FrozenLake-v1").obs_shape == (16,) and env_spec("FrozenLake-v1").obs_dtype == "float32"
@@ -383,6 +395,7 @@ def test_non_box_observations_are_flattened_to_one_float_vector(obs_envs):
         vector.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env_id", ["FrozenLake-v1", "obs_envs:DictCorridor-v0"])
 def test_discrete_and_dict_observations_train_through_real_actor_processes(tmp_path, obs_envs, env_id):
     logdir = tmp_path / "run"
@@ -397,6 +410,7 @@ def test_discrete_and_dict_observations_train_through_real_actor_processes(tmp_p
     assert len(summary["eval"]["lengths"]) == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env_id, words", [
     ("obs_envs:TextObservation-v0", "obs_envs:TextObservation-v0: observation space Text("),
     ("obs_envs:OnePixel-v0", "observation shape [1, 1, 3] (an image of 1x1 pixels) is too small"),
@@ -410,6 +424,7 @@ def test_observations_no_network_takes_are_refused_at_start_up_in_one_line(tmp_p
     assert not (tmp_path / "x").exists()  # refused before the run started
 
 
+@pytest.mark.unit
 def test_minatar_ids_build_the_real_games():
     from minatar import Environment
 
@@ -431,6 +446,7 @@ def test_minatar_ids_build_the_real_games():
         env.close()
 
 
+@pytest.mark.e2e
 def test_minatar_trains_with_the_automatic_network(tmp_path):
     logdir = tmp_path / "minatar"
     result = seedq(

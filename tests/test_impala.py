@@ -29,7 +29,7 @@ from seedq.server.unrolls import UnrollQueue
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec, impala_codec
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CARTPOLE = codec.EnvSpec("float32", (4,), num_actions=2)
 

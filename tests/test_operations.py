@@ -18,6 +18,8 @@ from seedq import cli
 from seedq.learner import checkpoint
 from seedq.learner.events import read_scalars
 
+pytestmark = pytest.mark.e2e
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 NEW_SCALARS = {

@@ -83,10 +83,12 @@ def _net(name) -> _Net:
 # --- the quantizer ----------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_precisions_match_config():
     assert config_lib.PRECISIONS == quant.PRECISIONS == ("fp32", "bf16", "int8")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", [(37, 5), (3, 3, 4, 16), (8, 8, 4, 32)])
 def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     # Channels of very different magnitudes: each gets its own scale.
@@ -107,6 +109,7 @@ def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     assert np.all(np.max(err, axis=axes) <= bound), (np.max(err, axis=axes) / scale).max()
 
 
+@pytest.mark.unit
 def test_zero_constant_and_tiny_channels():
     w = np.zeros((6, 5), np.float32)
     w[:, 1] = 0.75  # constant
@@ -124,6 +127,7 @@ def test_zero_constant_and_tiny_channels():
     assert np.all(np.abs(deq[:, 3] - w[:, 3]) <= 1e-41)
 
 
+@pytest.mark.unit
 def test_scale_is_never_zero_for_any_input():
     for x in (np.zeros((4, 3)), np.full((4, 3), 1e-45), np.full((4, 3), -0.0)):
         _, s = quant.quantize_per_channel(x.astype(np.float32))
@@ -132,6 +136,7 @@ def test_scale_is_never_zero_for_any_input():
         assert np.all(np.asarray(s) > 0)
 
 
+@pytest.mark.unit
 def test_row_quantization_bounds_and_zero_rows():
     x = (RNG.standard_normal((5, 7, 7, 3)) * np.array([1e-3, 1, 10, 1e4, 0])[:, None, None, None])
     x = x.astype(np.float32)
@@ -155,6 +160,7 @@ def _layer_dicts(tree, path=()):
                 yield from _layer_dicts(v, path + (k,))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["mlp", "nature_cnn", "impala_cnn"])
 def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     net = _net(name)
@@ -202,6 +208,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             assert np.all(err <= step * (0.5 + 1e-4))
 
 
+@pytest.mark.unit
 def test_publish_rejects_unknown_precision():
     with pytest.raises(ValueError, match="int4"):
         quant.publish({"params": {}}, "int4")
@@ -225,6 +232,7 @@ class _Mixed(nn.Module):
         return _OwnKernel()(y) + nn.Dense(3)(y)
 
 
+@pytest.mark.unit
 def test_unsupported_layers_stay_fp32_and_still_run():
     net = _Mixed()
     x = RNG.standard_normal((3, 12, 12, 2)).astype(np.float32)
@@ -246,6 +254,7 @@ def test_unsupported_layers_stay_fp32_and_still_run():
 # --- int8 convolution implementations ---------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "h, w, c, o, k, stride, dtype",
     [
@@ -276,6 +285,7 @@ def test_int8_conv_implementations_are_exact(h, w, c, o, k, stride, dtype):
         np.testing.assert_array_equal(np.asarray(out), ref.astype(np.int64), err_msg=impl)
 
 
+@pytest.mark.unit
 def test_patches_conv_equals_lax_conv_on_float_layer():
     """The int8 patches path of a SAME-padded layer == lax conv of the dequantized operands."""
     x = np.abs(RNG.standard_normal((3, 10, 10, 8))).astype(np.float32)
@@ -294,6 +304,7 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_uint8_pixels_are_used_exactly():
     """A conv fed by scale_pixels computes with the raw integers (scale 1/255), no re-quantization."""
 
@@ -322,6 +333,7 @@ def test_uint8_pixels_are_used_exactly():
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=impl)
 
 
+@pytest.mark.unit
 def test_auto_policy_times_the_implementations_and_caches_the_choice():
     conv = nn.Conv(16, (3, 3), padding="SAME")
     x = np.abs(RNG.standard_normal((2, 9, 9, 16))).astype(np.float32)
@@ -339,6 +351,7 @@ def test_auto_policy_times_the_implementations_and_caches_the_choice():
 # --- whole networks ---------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["mlp", "nature_cnn", "impala_cnn"])
 def test_bf16_and_int8_outputs_are_close_to_fp32(name):
     net = _net(name)
@@ -369,6 +382,7 @@ class _RecurrentDueling(nn.Module):
         return networks.DuelingHead(5, 32)(y.reshape(t * b, -1)).reshape(t, b, 5), carry
 
 
+@pytest.mark.unit
 def test_lstm_core_and_dueling_head_run_through_the_same_mechanism():
     net = _RecurrentDueling()
     obs = RNG.standard_normal((6, 4, 10)).astype(np.float32)
@@ -401,6 +415,7 @@ def atari_frames():
     return collect_atari_frames(6 * BATCH, "ALE/Pong-v5", seed=3)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["nature_cnn", "impala_cnn"])
 def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
     assert atari_frames.shape == (300, 84, 84, 4) and atari_frames.dtype == np.uint8
@@ -416,6 +431,8 @@ def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
     assert all(a >= 0.97 for *_, a in agreements), agreements
 
 
+@pytest.mark.e2e
+@pytest.mark.learning
 def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     """Trains CartPole to a mean of 150 with the real system (int8 inference), then compares greedy actions
     of bf16/int8 with fp32 on the states its softmax behaviour policy visits.
@@ -456,6 +473,7 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     assert row["int8"]["max_rel_logit_error"] < 0.15, row
 
 
+@pytest.mark.unit
 def test_vtrace_agent_acts_at_every_precision():
     from seedq.agents.vtrace.agent import VTraceAgent
     from seedq.envs import env_spec
@@ -474,6 +492,7 @@ def test_vtrace_agent_acts_at_every_precision():
         VTraceAgent(spec, config_lib.VTraceConfig(), precision="int4")
 
 
+@pytest.mark.e2e
 def test_bench_inference_cli_reports_ratios_and_errors():
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "bench", "inference", "--net", "mlp",
@@ -495,6 +514,7 @@ def test_bench_inference_cli_reports_ratios_and_errors():
 # --- the per-layer int8/fp32 plan (issue 16) ---------------------------------------------
 
 
+@pytest.mark.unit
 def test_plan_keeps_int8_only_where_it_was_faster():
     a, b, c, d = ("a",), ("b",), ("c",), ("d",)
     seconds = {
@@ -527,6 +547,7 @@ class _SmallCnn(nn.Module):
         return nn.Dense(3, name="policy")(x)
 
 
+@pytest.mark.unit
 def test_mac_share_counts_every_layer_from_its_shape():
     layers = quant.find_layers(_SmallCnn(), np.zeros((1, 9, 9, 4), np.float32))
     macs = {layer.path: qplan.layer_macs(layer) for layer in layers}
@@ -541,6 +562,7 @@ def test_mac_share_counts_every_layer_from_its_shape():
     assert qplan.layer_macs(same[0]) == 6 * 7 * 9 * 2 * 5
 
 
+@pytest.mark.unit
 def test_force_int8_quantizes_every_quantizable_layer():
     net = _net("nature_cnn")
     params = net.init(0)
@@ -556,6 +578,7 @@ def test_force_int8_quantizes_every_quantizable_layer():
     assert {layer.path[-1] for layer in layers if layer.path not in quantizable} == {"policy", "value"}
 
 
+@pytest.mark.unit
 def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     net = _net("nature_cnn")
     params = net.init(2)
@@ -583,6 +606,7 @@ def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     np.testing.assert_allclose(all_fp32, ref_logits, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_vtrace_agent_measures_a_plan_and_acts_with_it():
     from seedq.agents.vtrace.agent import VTraceAgent
     from seedq.envs import env_spec
@@ -603,12 +627,14 @@ def test_vtrace_agent_measures_a_plan_and_acts_with_it():
     assert VTraceAgent(env_spec("CartPole-v1"), config_lib.VTraceConfig()).plan_int8(state.params, [8]) is None
 
 
+@pytest.mark.unit
 def test_force_int8_needs_int8_precision():
     with pytest.raises(ValueError, match="quant.force_int8 applies to precision='int8'"):
         config_lib.TrainConfig(quant=config_lib.QuantConfig(force_int8=True)).validate()
     config_lib.TrainConfig(precision="int8", quant=config_lib.QuantConfig(force_int8=True)).validate()
 
 
+@pytest.mark.unit
 def test_progress_line_and_summary_report_the_int8_mac_share():
     from types import SimpleNamespace
 

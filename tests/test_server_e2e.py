@@ -36,7 +36,7 @@ from seedq.wire import codec
 
 from queue_tap import QueueTap
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 UNROLL_LENGTH = 5
 WAIT_SECONDS = 30.0

@@ -9,6 +9,8 @@ from seedq.agents.base import StepFieldSpec
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.unrolls import QueueClosed, UnrollQueue, UnrollStore
 
+pytestmark = pytest.mark.unit
+
 T = 4  # unroll_length: unrolls hold T+1 = 5 steps
 FIELDS = {
     "obs": StepFieldSpec((3,), np.float32),

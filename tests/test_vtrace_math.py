@@ -15,6 +15,8 @@ import rlax
 
 from seedq.agents.vtrace import losses
 
+pytestmark = pytest.mark.unit
+
 T, B, A = 20, 8, 5
 GAMMA = 0.99
 NO_CLIP = 1e6
