@@ -333,19 +333,82 @@ def test_uint8_pixels_are_used_exactly():
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=impl)
 
 
+class _ScriptedClock:
+    """perf_counter() for `seedq.quant.layers`: each start/stop pair of the one
+    timed call per implementation lasts the next scripted number of seconds."""
+
+    def __init__(self, durations):
+        self._ticks = [t for d in durations for t in (0.0, d)]
+
+    def perf_counter(self):
+        return self._ticks.pop(0)
+
+
+def _calibrate_with(monkeypatch, single, interleaved, broken=()):
+    """qlayers._calibrate on a small conv with the one-call timings `single` (impl ->
+    seconds, in CONV_FUNCTIONS order, for those that compile) and the interleaved
+    round results `interleaved`; implementations in `broken` fail to compile.
+    Returns (choice, the set of implementations that reached the interleaved rounds)."""
+    real_layer = qlayers._conv_layer
+
+    def layer(impl, *args):
+        if impl in broken:
+            raise RuntimeError(f"{impl}: no integer convolution here")
+        return real_layer(impl, *args)
+
+    raced = []
+    monkeypatch.setattr(qlayers, "_conv_layer", layer)
+    monkeypatch.setattr(qlayers, "time", _ScriptedClock([single[i] for i in qlayers.CONV_FUNCTIONS if i not in broken]))
+    monkeypatch.setattr(qlayers, "time_interleaved",
+                        lambda fns, *a, **k: raced.append(set(fns)) or {i: interleaved[i] for i in fns})
+    choice = qlayers._calibrate((2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
+    return choice, (raced[0] if raced else set())
+
+
 @pytest.mark.unit
-def test_auto_policy_times_the_implementations_and_caches_the_choice():
+def test_conv_choice_races_the_candidates_within_2x_and_picks_the_fastest_round(monkeypatch):
+    assert set(qlayers.CONV_FUNCTIONS) == {"patches", "native", "s2d"}
+    # native is > 2x slower than the best single call: dropped before the rounds.
+    choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "native": 2.5, "s2d": 1.9},
+                                    {"patches": 0.9, "s2d": 0.7})
+    assert raced == {"patches", "s2d"}
+    assert (choice.impl, choice.reason) == ("s2d", "measured")
+    assert choice.seconds == {"patches": 0.9, "native": 2.5, "s2d": 0.7}
+    # The rounds decide, not the single calls.
+    choice, _ = _calibrate_with(monkeypatch, {"patches": 1.0, "native": 1.1, "s2d": 1.2},
+                                {"patches": 0.8, "native": 0.5, "s2d": 0.6})
+    assert choice.impl == "native"
+
+
+@pytest.mark.unit
+def test_conv_choice_skips_implementations_that_fail_and_defaults_when_none_compiles(monkeypatch):
+    choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "s2d": 3.0}, {}, broken=("native",))
+    # One candidate left within 2x: no rounds needed.
+    assert raced == set() and choice.impl == "patches" and choice.seconds["native"] is None
+    choice, _ = _calibrate_with(monkeypatch, {}, {}, broken=tuple(qlayers.CONV_FUNCTIONS))
+    assert (choice.impl, choice.reason) == ("patches", "no implementation compiled")
+
+
+@pytest.mark.unit
+def test_auto_policy_calibrates_each_layer_shape_once_and_computes_what_every_impl_computes(monkeypatch):
+    calls = []
+    fixed = {"native": qlayers.ConvChoice("native", {}, "measured")}
+    monkeypatch.setattr(qlayers, "_calibrate", lambda *key: calls.append(key) or fixed["native"])
+    shape = (2, 9, 9, 13)  # a shape no other test calibrates
+    args = (np.float32, ((1, 1), (1, 1)), (3, 3, 13, 16), (1, 1))
+    assert qlayers.choose_conv_impl(shape, *args) == "native"
+    assert qlayers.choose_conv_impl(shape, *args) == "native"
+    assert len(calls) == 1  # cached per (platform, shapes, strides)
+    assert qlayers.choose_conv_impl(shape, *args, policy="s2d") == "s2d"  # a named policy is not timed
+    assert len(calls) == 1
+    # Whatever "auto" picks, the layer's output is bit-identical to each named implementation's.
     conv = nn.Conv(16, (3, 3), padding="SAME")
-    x = np.abs(RNG.standard_normal((2, 9, 9, 16))).astype(np.float32)
+    x = np.abs(RNG.standard_normal(shape)).astype(np.float32)
     published = jax.jit(lambda p: quant.publish(p, "int8"))(jax.jit(conv.init)(jax.random.PRNGKey(0), x))
-    out = jax.jit(lambda p, v: quant.apply(conv, p, "int8", v, conv_impl="auto"))(published, x)
-    assert out.shape == (2, 9, 9, 16)
-    key = (jax.default_backend(), (2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
-    choice = qlayers.conv_choices()[key]
-    assert choice.impl in qlayers.CONV_IMPLS
-    assert choice.reason == "measured"
-    assert all(choice.seconds[i] > 0 for i in qlayers.CONV_IMPLS)
-    assert choice.seconds[choice.impl] == min(choice.seconds.values())
+    outs = {impl: np.asarray(jax.jit(lambda p, v, impl=impl: quant.apply(conv, p, "int8", v, conv_impl=impl))(
+        published, x)) for impl in ("auto", *qlayers.CONV_IMPLS)}
+    for impl, out in outs.items():
+        np.testing.assert_array_equal(out, outs["auto"], err_msg=impl)
 
 
 # --- whole networks ---------------------------------------------------------------------------
@@ -370,31 +433,24 @@ def test_bf16_and_int8_outputs_are_close_to_fp32(name):
         assert rel_v < 3 * tol, (precision, rel_v)
 
 
-class _RecurrentDueling(nn.Module):
-    """Torso -> scanned LSTM core (nn.LSTMCell, made of Dense) -> dueling Q head."""
-
-    @nn.compact
-    def __call__(self, obs, first, carry):
-        t, b = obs.shape[:2]
-        x = networks.MLPTorso((32,))(obs.reshape(t * b, -1)).reshape(t, b, -1)
-        core = nn.scan(networks.LSTMCore, variable_broadcast="params", split_rngs={"params": False})
-        carry, y = core(32)(carry, x, first)
-        return networks.DuelingHead(5, 32)(y.reshape(t * b, -1)).reshape(t, b, 5), carry
-
-
 @pytest.mark.unit
-def test_lstm_core_and_dueling_head_run_through_the_same_mechanism():
-    net = _RecurrentDueling()
+def test_r2d2_network_lstm_and_dueling_head_run_through_the_same_mechanism():
+    """The production R2D2 network (MLP torso -> scanned LSTM -> dueling head)."""
+    from seedq.agents.r2d2.networks import RecurrentQNetwork
+
+    net = RecurrentQNetwork(5, hidden_sizes=(32,), lstm_size=32, head_hidden_size=32)
     obs = RNG.standard_normal((6, 4, 10)).astype(np.float32)
     first = np.zeros((6, 4), bool)
     first[0] = True
-    carry = networks.LSTMCore(32).initial_state(4)
+    carry = net.initial_carry(4)
     params = jax.jit(net.init)(jax.random.PRNGKey(0), obs, first, carry)
     layers = quant.find_layers(net, obs, first, carry)
     paths = quant.quantizable_paths(layers)
-    # 4 gates x (input, hidden) and the dueling head; the torso's one layer
+    # The LSTM's gate layer and the dueling head's four; the torso's one layer
     # takes the float observation and stays fp32.
-    assert len(paths) == 8 + 4
+    assert sorted("/".join(p) for p in paths) == [
+        "DuelingHead_0/Dense_0", "DuelingHead_0/Dense_1", "DuelingHead_0/Dense_2", "DuelingHead_0/Dense_3",
+        "lstm/cell/gates"]
     assert [layer.path for layer in layers if layer.observation] == [layers[0].path]
     assert layers[0].path not in paths
     ref_q, (ref_c, ref_h) = jax.jit(net.apply)(params, obs, first, carry)

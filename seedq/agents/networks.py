@@ -193,25 +193,6 @@ ScannedLSTM = nn.scan(
 )
 
 
-class LSTMCore(nn.Module):
-    """One recurrent step: (carry, features [N, F]) -> (new carry, output [N, H]).
-
-    `first` [N] resets the carry to zeros where an episode starts.
-    """
-
-    hidden_size: int = 256
-
-    @nn.compact
-    def __call__(self, carry, x: jax.Array, first: jax.Array):
-        keep = (1.0 - first.astype(x.dtype))[:, None]
-        carry = jax.tree.map(lambda c: c * keep.astype(c.dtype), carry)
-        return nn.LSTMCell(self.hidden_size)(carry, x)
-
-    def initial_state(self, batch_size: int):
-        zeros = jnp.zeros((batch_size, self.hidden_size), jnp.float32)
-        return zeros, zeros
-
-
 class PolicyValueNet(nn.Module):
     """A torso followed by a policy/value head: obs -> (logits [N, A], value [N])."""
 
