@@ -180,6 +180,62 @@ def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
     assert (pooled >= plain - 1).all()
 
 
+def _actor_and_eval_atari(atari: AtariConfig):
+    """The two ways seedq builds ALE/Pong-v5: the actors' vector env (ale_py's C++
+    preprocessing) and the single env of `seedq eval` and its videos (gymnasium's
+    AtariPreprocessing over the raw ALE env)."""
+    options = EnvOptions(atari=atari)
+    return make_vector_env("ALE/Pong-v5", 1, options=options), make_env("ALE/Pong-v5", options)
+
+
+@pytest.mark.unit
+def test_actor_and_eval_atari_envs_have_the_spec_and_truncate_at_the_same_step():
+    atari = dataclasses.replace(EXACT, max_episode_frames=400)  # 100 agent steps at frame skip 4
+    spec = env_spec("ALE/Pong-v5", EnvOptions(atari=atari))
+    vec, single = _actor_and_eval_atari(atari)
+    try:
+        assert vec.single_observation_space == single.observation_space == gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        assert (spec.obs_dtype, spec.obs_shape, spec.num_actions) == ("uint8", (84, 84), 6)
+        vec.reset(seed=3)
+        single.reset(seed=3)
+        ends = {"actor": None, "eval": None}
+        for step in range(120):
+            obs, _, _, truncated, _ = vec.step(np.zeros(1, np.int64))
+            assert obs.shape == (1, 84, 84) and obs.dtype == np.uint8
+            if truncated[0] and ends["actor"] is None:
+                ends["actor"] = step
+            if ends["eval"] is None:
+                frame, _, _, truncated_single, _ = single.step(0)
+                assert frame.shape == (84, 84) and frame.dtype == np.uint8
+                if truncated_single:
+                    ends["eval"] = step
+        assert ends == {"actor": 99, "eval": 99}
+    finally:
+        vec.close()
+        single.close()
+
+
+@pytest.mark.unit
+@pytest.mark.xfail(strict=True, reason=(
+    "the actors' ale_py vector env and gymnasium's AtariPreprocessing (seedq eval, videos) "
+    "do not produce the same frames: the reset frame differs in a few pixels and moving the "
+    "paddle diverges from the first step, so eval sees other observations than training"))
+def test_actor_and_eval_atari_frames_are_identical_under_play():
+    vec, single = _actor_and_eval_atari(EXACT)
+    try:
+        actor_obs, _ = vec.reset(seed=3)
+        eval_obs, _ = single.reset(seed=3)
+        np.testing.assert_array_equal(actor_obs[0], eval_obs, err_msg="reset")
+        for step, action in enumerate(np.random.default_rng(0).integers(0, 6, 60)):
+            actor_obs, actor_reward, *_ = vec.step(np.array([action]))
+            eval_obs, eval_reward, *_ = single.step(int(action))
+            np.testing.assert_array_equal(actor_obs[0], eval_obs, err_msg=f"step {step}")
+            assert actor_reward[0] == eval_reward
+    finally:
+        vec.close()
+        single.close()
+
+
 # --- learner-side frame stacking --------------------------------------------------
 
 
@@ -286,8 +342,9 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     assert summary["frames"] >= 2500 and summary["train_steps"] > 0
     assert summary["stop_reason"] == "max_frames"
     assert any((logdir / "checkpoints").iterdir())
-    # A truncated game (2000 emulator frames = 500 agent steps) scores in [-21, 21].
-    assert summary["eval"]["lengths"] == [500] and -21 <= summary["eval"]["mean"] <= 21
+    # --atari.max-episode-frames 2000 at frame skip 4 truncates the game at 500 agent
+    # steps (what the frames themselves look like: the unit tests above and below).
+    assert summary["eval"]["lengths"] == [500]
     config = json.loads((logdir / "config.json").read_text())
     assert config["frame_stack"] == 4 and config["atari"]["frame_skip"] == 4
 
@@ -304,7 +361,9 @@ def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["frames"] >= 6000 and summary["train_steps"] > 0
     assert summary["episodes"] >= 4  # 1000-step episodes
-    assert summary["eval"]["lengths"] == [1000] and 0 <= summary["eval"]["mean"] <= 1000
+    # dm_control's 1000-step limit reaches the greedy evaluation through seedq's wrapping
+    # (its observations and action repeat: the dmc unit tests above).
+    assert summary["eval"]["lengths"] == [1000]
 
 
 # --- observations of every family -------------------------------------------------

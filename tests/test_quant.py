@@ -84,8 +84,26 @@ def _net(name) -> _Net:
 
 
 @pytest.mark.unit
-def test_precisions_match_config():
-    assert config_lib.PRECISIONS == quant.PRECISIONS == ("fp32", "bf16", "int8")
+def test_every_precision_the_config_accepts_runs_and_the_rest_are_refused_by_both():
+    """The config's precision check and the quantizer's are separate lists: what one
+    accepts the other must run, and both refuse anything else."""
+    net = nn.Dense(3)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    params = net.init(jax.random.PRNGKey(0), x)
+    for precision in ("fp32", "bf16", "int8", "fp16", "int4"):
+        try:
+            config_lib.TrainConfig(precision=precision).validate()
+            accepted = True
+        except ValueError as e:
+            assert f"precision={precision!r}" in str(e)
+            accepted = False
+        if accepted:
+            out = quant.apply(net, quant.publish(params, precision), precision, x)
+            assert out.shape == (2, 3) and out.dtype == jnp.float32, precision
+        else:
+            with pytest.raises(ValueError, match=f"precision={precision!r}"):
+                quant.apply(net, params, precision, x)
+        assert accepted == (precision in ("fp32", "bf16", "int8")), precision
 
 
 @pytest.mark.unit
