@@ -9,6 +9,7 @@ CartPole policy, and the per-layer int8/fp32 plan (seedq.quant.plan) from
 injected timings.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -45,21 +46,30 @@ def _obs(name, n):
 
 
 class _Net:
-    """A benchmark network with jitted init / publish / forward at every precision."""
+    """A production V-trace network (as `seedq bench inference` builds it: the
+    agent's own) with jitted init / publish / forward at every precision."""
 
     def __init__(self, name):
+        from seedq.bench.inference import agent_net
+
         self.name = name
-        self.net = networks.PolicyValueNet(networks.make_torso(name), 6)
-        self.example = _obs(name, 1)
-        self.paths = quant.quantizable_paths(quant.find_layers(self.net, self.example))
-        self._init = jax.jit(lambda rng: self.net.init(rng, self.example))
+        self.agent_net = agent_net(name, 6, mlp_input=64)
+        self.net = self.agent_net.module
+        # The network's own (time-major, one step) inputs for one env.
+        self.example = self.agent_net.inputs(jnp.asarray(_obs(name, 1)))
+        self.paths = quant.quantizable_paths(quant.find_layers(self.net, *self.example))
+        self._init = jax.jit(lambda rng: self.net.init(rng, *self.example))
         self.publish = {
             p: jax.jit(lambda params, p=p: quant.publish(params, p, self.paths)) for p in quant.PRECISIONS
         }
-        self.forward = {
-            p: jax.jit(lambda published, obs, p=p: quant.apply(self.net, published, p, obs, conv_impl=CONV))
-            for p in quant.PRECISIONS
-        }
+        self.forward = {p: jax.jit(lambda published, obs, p=p: self.apply(published, p, obs))
+                        for p in quant.PRECISIONS}
+
+    def apply(self, published, precision, obs, **kwargs):
+        """(logits [N, A], value [N]) of one step for obs [N, ...]."""
+        dist, value, _ = quant.apply(self.net, published, precision, *self.agent_net.inputs(obs),
+                                     conv_impl=CONV, **kwargs)
+        return dist["logits"][0], value[0]
 
     def init(self, seed):
         return self._init(jax.random.PRNGKey(seed))
@@ -188,7 +198,8 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     assert {p[-1] for p in outputs} == {"policy", "value"}
     # The MLP's input layer takes the float observation: fp32 like the outputs.
     # The CNNs' first conv takes uint8 pixels and is quantized.
-    kept = outputs | ({("torso", "Dense_0")} if name == "mlp" else set())
+    torso = {"mlp": "MLPTorso_0", "nature_cnn": "NatureCNN_0", "impala_cnn": "ImpalaCNN_0"}[name]
+    kept = outputs | ({(torso, "Dense_0")} if name == "mlp" else set())
     # Every other Dense/Conv here is quantizable.
     assert set(net.paths) == set(fp32_layers) - kept
 
@@ -208,7 +219,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             continue
         kernel = fp32_layers[path]["kernel"]
         equalized = net.paths[path]["equalize"]
-        assert equalized == (path != ("torso", "Conv_0"))  # pixels: exact ints
+        assert equalized == (path != (torso, "Conv_0"))  # pixels: exact ints
         assert set(layer) == {qz.QKERNEL, qz.QSCALE, "bias"} | ({qz.QINPUT} if equalized else set())
         assert layer[qz.QKERNEL].dtype == jnp.int8 and layer[qz.QKERNEL].shape == kernel.shape
         assert layer[qz.QSCALE].dtype == jnp.float32 and layer[qz.QSCALE].shape == kernel.shape[-1:]
@@ -492,17 +503,31 @@ def atari_frames():
 @pytest.mark.unit
 @pytest.mark.parametrize("name", ["nature_cnn", "impala_cnn"])
 def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
+    """The production V-trace CNNs (random initialisations) on real Pong frames.
+
+    A fresh policy head (orthogonal 0.01) leaves many states near-indifferent:
+    for seed 0 of the Nature CNN only 6 % of these states have a logit gap of 5 %
+    of the logit scale, so the raw agreement mostly counts ties (measured, seeds
+    0-3: int8 0.85-1.0, bf16 0.96-1.0). What int8 must get right is the states
+    where fp32 prefers an action clearly: there every seed 0-3 of both nets agreed
+    on >= 98.8 % (1.0 for seeds 0 and 1), with a logit error <= 0.06 of the scale.
+    """
     assert atari_frames.shape == (300, 84, 84, 4) and atari_frames.dtype == np.uint8
     assert len(np.unique(atari_frames.reshape(300, -1), axis=0)) > 250  # distinct states
     net = _net(name)
-    agreements = []
+    rows = []
     for seed in (0, 1):  # two random initialisations
         params = net.init(seed)
-        ref = net.outputs(params, "fp32", atari_frames)[0].argmax(-1)
+        ref = net.outputs(params, "fp32", atari_frames)[0]
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        decided = (top2[:, 1] - top2[:, 0]) >= 0.05 * np.abs(ref).max()
+        assert decided.sum() >= 10, (seed, decided.sum())
         for precision in ("int8", "bf16"):
             logits = net.outputs(params, precision, atari_frames)[0]
-            agreements.append((precision, seed, float(np.mean(logits.argmax(-1) == ref))))
-    assert all(a >= 0.97 for *_, a in agreements), agreements
+            same = logits.argmax(-1) == ref.argmax(-1)
+            rows.append((precision, seed, float(np.mean(same[decided])),
+                         float(np.abs(logits - ref).max() / np.abs(ref).max())))
+    assert all(agree >= 0.98 and error < 0.1 for _, _, agree, error in rows), rows
 
 
 @pytest.mark.e2e
@@ -566,23 +591,73 @@ def test_vtrace_agent_acts_at_every_precision():
         VTraceAgent(spec, config_lib.VTraceConfig(), precision="int4")
 
 
+@pytest.mark.unit
+def test_bench_r2d2_network_is_the_agents_and_its_greedy_action_is_the_agents():
+    from seedq.agents.r2d2.agent import R2D2Agent
+    from seedq.bench.inference import NetBench
+    from seedq.envs import env_spec
+
+    obs = RNG.standard_normal((8, 4)).astype(np.float32)
+    bench = NetBench("r2d2_mlp", quant.PRECISIONS, num_actions=2, seed=0, example=obs)
+    agent = R2D2Agent(env_spec("CartPole-v1"), config_lib.R2D2Config(), num_envs=8)
+    # The bench's parameters fit the agent's network as they are: the same module.
+    _, outputs, _, _ = jax.jit(agent.act)(bench.params, jax.random.PRNGKey(0), obs, np.ones(8, bool),
+                                          agent.initial_core_state(8), {"epsilon": np.zeros(8, np.float32)})
+    np.testing.assert_array_equal(bench.logits("fp32", obs).argmax(-1), np.asarray(outputs["greedy_action"]))
+    int8 = bench.published["int8"]["params"]
+    assert qz.QKERNEL in int8["lstm"]["cell"]["gates"] and qz.QKERNEL in int8["DuelingHead_0"]["Dense_1"]
+    assert "kernel" in int8["MLPTorso_0"]["Dense_0"]  # fed the float observation: fp32
+
+
+@pytest.mark.unit
+def test_trained_policy_agreement_reads_an_r2d2_checkpoint(tmp_path):
+    from seedq.bench.inference import trained_policy_agreement
+    from seedq.envs import env_spec
+    from seedq.learner import checkpoint
+    from seedq.learner.learner import make_agent
+
+    run = tmp_path / "r2d2"
+    run.mkdir()
+    config = dataclasses.replace(config_lib.TrainConfig(agent="r2d2", env="CartPole-v1"), logdir=str(run))
+    state = make_agent(config, env_spec("CartPole-v1")).init(jax.random.PRNGKey(3))
+    config_lib.save(config, str(run / "config.json"))
+    writer = checkpoint.CheckpointWriter(str(run), keep=1)
+    writer.save(checkpoint.Snapshot(
+        state=jax.device_get(state), rng=jax.random.PRNGKey(1),
+        counters={"train_steps": 1, "trained_frames": 0, "frames": 0, "episodes": 0, "policy_version": 1,
+                  "elapsed_seconds": 0.0},
+        episode_window={"returns": [], "lengths": []}, target={}, config=config_lib.to_dict(config)), wait=True)
+    writer.close()
+    out = trained_policy_agreement(str(run), steps=25, num_envs=4)
+    assert out["agent"] == "r2d2" and set(out["modes"]) == {"greedy", "eps"}
+    assert out["int8_layers"] == ["DuelingHead_0/Dense_0", "DuelingHead_0/Dense_1", "DuelingHead_0/Dense_2",
+                                  "DuelingHead_0/Dense_3", "lstm/cell/gates"]
+    for row in out["modes"].values():
+        assert row["states"] == 100
+        for precision in ("bf16", "int8"):
+            assert 0.0 <= row[precision]["argmax_agreement"] <= 1.0
+            assert 0.0 < row[precision]["max_rel_logit_error"] < 0.1  # it ran in that precision, and close
+
+
 @pytest.mark.e2e
 def test_bench_inference_cli_reports_ratios_and_errors():
     result = subprocess.run(
-        [sys.executable, "-m", "seedq.cli", "bench", "inference", "--net", "mlp",
+        [sys.executable, "-m", "seedq.cli", "bench", "inference", "--net", "mlp,r2d2_mlp",
          "--precision", "fp32,bf16,int8", "--batch", "16", "--rounds", "2",
          "--seconds-per-case", "0.2", "--eval-states", "16", "--json"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "SEEDQ_JAX_CACHE_DIR": "off"},
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    rows = {(r["batch"], r["precision"]): r for r in out["results"]}
-    assert set(rows) == {(16, p) for p in ("fp32", "bf16", "int8")}
+    rows = {(r["net"], r["batch"], r["precision"]): r for r in out["results"]}
+    assert set(rows) == {(n, 16, p) for n in ("mlp", "r2d2_mlp") for p in ("fp32", "bf16", "int8")}
     for r in rows.values():
         assert r["samples_per_second"] > 0 and r["ratio_to_fp32"] > 0
         assert 0.0 <= r["argmax_agreement"] <= 1.0
-    assert rows[(16, "fp32")]["ratio_to_fp32"] == 1.0
-    assert rows[(16, "fp32")]["max_rel_logit_error"] == 0.0
+    for net in ("mlp", "r2d2_mlp"):
+        assert rows[(net, 16, "fp32")]["ratio_to_fp32"] == 1.0
+        assert rows[(net, 16, "fp32")]["max_rel_logit_error"] == 0.0
+        assert rows[(net, 16, "bf16")]["max_rel_logit_error"] > 0.0  # it ran in bf16
 
 
 # --- the per-layer int8/fp32 plan (issue 16) ---------------------------------------------
@@ -640,7 +715,7 @@ def test_mac_share_counts_every_layer_from_its_shape():
 def test_force_int8_quantizes_every_quantizable_layer():
     net = _net("nature_cnn")
     params = net.init(0)
-    layers = quant.find_layers(net.net, net.example)
+    layers = quant.find_layers(net.net, *net.example)
     plan = quant.make_plan(layers, params, [8, 32], force=True)
     quantizable = set(quant.quantizable_paths(layers))
     assert plan.forced and plan.seconds == {}
@@ -656,7 +731,7 @@ def test_force_int8_quantizes_every_quantizable_layer():
 def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     net = _net("nature_cnn")
     params = net.init(2)
-    layers = quant.find_layers(net.net, net.example)
+    layers = quant.find_layers(net.net, *net.example)
     options = quant.quantizable_paths(layers)
     convs = sorted(p for p in options if p[-1].startswith("Conv"))
     # Injected timings: at 8 nothing pays, at BATCH the first two convolutions do.
@@ -669,8 +744,8 @@ def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     for key in convs[0]:
         node = node[key]
     assert {"kernel", qz.QKERNEL} <= set(node)  # int8 at one size, fp32 at the other
-    forward = jax.jit(lambda pub, obs, layers: quant.apply(net.net, pub, "int8", obs, conv_impl=CONV,
-                                                           int8_layers=layers), static_argnames="layers")
+    forward = jax.jit(lambda pub, obs, layers: net.apply(pub, "int8", obs, int8_layers=layers),
+                      static_argnames="layers")
     obs = _obs("nature_cnn", BATCH)
     ref_logits, _ = net.forward["fp32"](params, obs)
     logits, _ = forward(published, obs, plan.layers_for(BATCH))
