@@ -567,9 +567,14 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     out = trained_policy_agreement(str(logdir), steps=100, num_envs=16, modes=("sample",))
     row = out["modes"]["sample"]
     assert row["states"] == 1600
-    assert row["bf16"]["argmax_agreement"] >= 0.98, row
+    # The bounds this test had before they were loosened (when every layer ran
+    # int8), restored: seeds 0-2 of this run measured bf16 99.56-99.69 %, int8
+    # 99.63-99.81 %, int8 100 % where the fp32 gap is >= 0.05, max relative logit
+    # error 0.009-0.013 (bench/inference.trained_policy_agreement, sample mode).
+    assert row["bf16"]["argmax_agreement"] >= 0.99, row
     assert row["int8"]["argmax_agreement"] >= 0.96, row
-    assert row["int8"]["max_rel_logit_error"] < 0.15, row
+    assert row["int8"]["agreement_gap_above_0.05"] >= 0.995, row
+    assert row["int8"]["max_rel_logit_error"] < 0.1, row
 
 
 @pytest.mark.unit
