@@ -33,6 +33,15 @@ def run_notebook(tmp_path):
 TIERS = ("unit", "e2e", "learning")
 
 
+def pytest_configure(config):
+    # The in-process tests compile as the seedq processes do: through JAX's
+    # persistent compilation cache (seedq.jax_setup; SEEDQ_JAX_CACHE_DIR=off
+    # disables it), so a second run of a tier skips most XLA compiles.
+    from seedq import jax_setup
+
+    jax_setup.configure()
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test names its tier (pyproject.toml's markers, docs/testing.md): an
     unmarked test would silently fall out of `-m unit` and of `-m e2e`, so it
