@@ -208,7 +208,12 @@ def test_gaussian_log_prob_and_entropy_match_scipy():
 
 @pytest.mark.learning
 def test_continuous_agent_learns_a_target_action():
-    """A one-step bandit: reward -(a - 0.5)^2. V-trace moves the Gaussian's mean to 0.5."""
+    """A one-step bandit: reward -(a - 0.5)^2. V-trace moves the Gaussian's mean to 0.5.
+
+    Bounded by updates (150 of 64 samples), not time. Margin: with these seeds
+    (and inits 1, 2) the mean is first within 0.1 of 0.5 after 7-8 updates and
+    ends 0.006-0.009 from it, an order of magnitude inside the bound.
+    """
     config = VTraceConfig(unroll_length=1, learning_rate=3e-2, entropy_cost=0.0, hidden_sizes=(8,))
     agent = VTraceAgent(dataclasses.replace(SWINGUP, action_shape=(1,), action_low=(-1.0,),
                                             action_high=(1.0,)), config)
