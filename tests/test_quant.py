@@ -802,3 +802,16 @@ def test_progress_line_and_summary_report_the_int8_mac_share():
         "8": 0.0, "64": 0.75, "256": 1.0}
     assert reporting._int8_share_text(SimpleNamespace(int8_plan=None)) == ""
     assert reporting._int8_plan(SimpleNamespace()) is None  # agents without int8 (r2d2)
+
+
+@pytest.mark.unit
+def test_bench_inference_policy_run_that_is_no_run_is_one_line(tmp_path, capsys):
+    from seedq import cli
+
+    (tmp_path / "no_checkpoint").mkdir()
+    config_lib.save(config_lib.TrainConfig(agent="r2d2"), str(tmp_path / "no_checkpoint" / "config.json"))
+    for run, words in ((tmp_path / "missing", "not a seedq run directory (no config.json)"),
+                       (tmp_path / "no_checkpoint", "no checkpoint in it")):
+        assert cli.main(["bench", "inference", "--net", "", "--policy-run", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

@@ -247,7 +247,10 @@ def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 
     from seedq.envs import env_spec
     from seedq.learner import checkpoint
 
-    cfg = config_lib.load(os.path.join(run_dir, "config.json"))
+    config_path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(config_path):  # ValueError: the CLI prints it as one line
+        raise ValueError(f"--policy-run {run_dir}: not a seedq run directory (no config.json)")
+    cfg = config_lib.load(config_path)
     spec = env_spec(cfg.env, cfg.env_options)
     if cfg.agent == "r2d2":
         from seedq.agents.r2d2.agent import R2D2Agent
