@@ -6,9 +6,10 @@ and a third in the newest:
   * `state`: the learner state (parameters, optimiser state, update count)
     as a nested dict of arrays, plus the inference RNG key;
   * `meta`: JSON with the seedq version that wrote it, the counters (train
-    steps, frames, episodes, policy version, elapsed seconds of all segments so far), the recent episode
-    window, the target bookkeeping and the run config (and, with a replay,
-    its counters, field specs and RNG state under "replay");
+    steps, frames, episodes, policy version, elapsed seconds of all segments
+    so far), the recent episode window, the target bookkeeping and the run
+    config (and, with a replay, its counters, field specs and RNG state under
+    "replay");
   * `replay` (replay agents, `--r2d2.checkpoint-replay`): the stored
     sequences and their priorities. Only the newest checkpoint keeps it:
     once a checkpoint with a replay is complete, the replay of every older
