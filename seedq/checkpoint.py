@@ -5,10 +5,11 @@ and a third in the newest:
 
   * `state`: the learner state (parameters, optimiser state, update count)
     as a nested dict of arrays, plus the inference RNG key;
-  * `meta`: JSON with the counters (train steps, frames, episodes, policy
-    version, elapsed seconds of all segments so far), the recent episode
-    window, the target bookkeeping and the run config (and, with a replay,
-    its counters, field specs and RNG state under "replay");
+  * `meta`: JSON with the seedq version that wrote it, the counters (train
+    steps, frames, episodes, policy version, elapsed seconds of all segments
+    so far), the recent episode window, the target bookkeeping and the run
+    config (and, with a replay, its counters, field specs and RNG state under
+    "replay");
   * `replay` (replay agents, `--r2d2.checkpoint-replay`): the stored
     sequences and their priorities. Only the newest checkpoint keeps it:
     once a checkpoint with a replay is complete, the replay of every older
@@ -33,6 +34,8 @@ import jax
 import numpy as np
 
 FORMAT_VERSION = 1
+# Meta key of the `seedq.__version__` that wrote a checkpoint (absent before it was recorded).
+WRITER_KEY = "seedq_version"
 DIRNAME = "checkpoints"
 REPLAY_ITEM = "replay"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -60,8 +63,11 @@ class Snapshot:
         return int(self.counters["train_steps"])
 
     def meta(self) -> dict:
+        import seedq
+
         meta = {
             "format_version": FORMAT_VERSION,
+            WRITER_KEY: seedq.__version__,
             "counters": self.counters,
             "episode_window": self.episode_window,
             "target": self.target,
@@ -198,6 +204,12 @@ def _reader(root: str):
     return ocp.CheckpointManager(root, options=_options(create=False), item_handlers=_handlers())
 
 
+def written_by(meta) -> str:
+    """'seedq 0.1.0' for the version recorded in a checkpoint's meta; 'an older seedq' without one."""
+    version = meta.get(WRITER_KEY) if isinstance(meta, dict) else None
+    return f"seedq {version}" if version else "an older seedq"
+
+
 def read_meta(path: str) -> tuple[dict, str]:
     """(the checkpoint's meta dict, its step directory) for a run, checkpoints or step directory."""
     import orbax.checkpoint as ocp
@@ -211,7 +223,7 @@ def read_meta(path: str) -> tuple[dict, str]:
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{step_dir}: checkpoint format {meta.get('format_version') if isinstance(meta, dict) else '?'}"
-            f" is not the supported format {FORMAT_VERSION}"
+            f" (written by {written_by(meta)}) is not the supported format {FORMAT_VERSION}"
         )
     return meta, step_dir
 
@@ -256,11 +268,16 @@ def _check(reader, step: int, step_dir: str, meta: dict, like_tree, env: str | N
         raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
     mismatch = describe_mismatch(saved, like_tree) if saved is not None else None
     if mismatch:
+        import seedq
+
         trained_on = (meta.get("config") or {}).get("env", "?")
         here = f" ({env})" if env else ""
+        # The same config can still mean another layout when the code changed
+        # since: the writer's version tells the user which seedq can read it.
         raise CheckpointError(
-            f"checkpoint {step_dir} (trained on {trained_on}) is incompatible with this config{here}: "
-            f"{mismatch}"
+            f"checkpoint {step_dir} (written by {written_by(meta)}, trained on {trained_on}) "
+            f"is incompatible with this config{here}: {mismatch} "
+            f"(its parameter layout is not the one this seedq {seedq.__version__} builds)"
         )
 
 

@@ -389,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     inf.add_argument("--net", type=_csv(str), default="mlp,nature_cnn,impala_cnn",
-                     help="networks: mlp, nature_cnn, impala_cnn")
+                     help="networks, each its agent's own: mlp, nature_cnn, impala_cnn (V-trace), "
+                          "r2d2_mlp, r2d2_nature_cnn (R2D2's recurrent Q-network)")
     inf.add_argument("--precision", type=_csv(str), default="fp32,bf16,int8",
                      help="inference precisions timed side by side (fp32 is always included: the reference)")
     inf.add_argument("--batch", type=_csv(int), default="1,16,64,256", help="batch sizes (states per call)")
@@ -409,8 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--profile-batch", type=_csv(int), default="64", help="batch sizes of the per-layer profile")
     inf.add_argument(
         "--policy-run", default="",
-        help="also report bf16/int8 greedy-action agreement for the trained V-trace policy in this "
-             "run directory (states from rolling it out); with --net '' only that",
+        help="also report bf16/int8 greedy-action agreement for the trained V-trace or R2D2 policy in "
+             "this run directory (states from rolling it out); with --net '' only that",
     )
     inf.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

@@ -244,7 +244,9 @@ def load_policy(
     try:
         config = config_lib.from_dict(TrainConfig, meta["config"])
     except (KeyError, TypeError, ValueError) as e:
-        raise checkpoint.CheckpointError(f"{step_dir}: its config cannot be read here ({e})") from None
+        raise checkpoint.CheckpointError(
+            f"{step_dir}: its config (written by {checkpoint.written_by(meta)}) cannot be read here ({e})"
+        ) from None
     overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
     config = dataclasses.replace(config, **overrides)
     config.validate()

@@ -28,3 +28,36 @@ def run_notebook(tmp_path):
         return outputs, "".join(o.get("text", "") for o in outputs)
 
     return run
+
+
+TIERS = ("unit", "e2e", "learning")
+
+
+def pytest_configure(config):
+    # The in-process tests compile through JAX's persistent compilation cache, as
+    # the seedq processes do (seedq.jax_setup; SEEDQ_JAX_CACHE_DIR=off disables
+    # it), every compile included: the tests' many small functions each compile
+    # in under the processes' 0.1 s threshold, and together they are half of the
+    # unit tier's time (docs/testing.md).
+    import jax
+
+    from seedq import jax_setup
+
+    jax_setup.configure()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test names its tier (pyproject.toml's markers, docs/testing.md): an
+    unmarked test would silently fall out of `-m unit` and of `-m e2e`, so it
+    fails collection instead; a unit test is nothing else."""
+    wrong = []
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if not tiers or ("unit" in tiers and len(tiers) > 1):
+            wrong.append(f"{item.nodeid} ({', '.join(sorted(tiers)) or 'no tier'})")
+    if wrong:
+        raise pytest.UsageError(
+            f"{len(wrong)} test(s) need exactly one of unit, or e2e and/or learning "
+            f"(pytest.mark.<tier> or the module's pytestmark): " + "; ".join(wrong[:5])
+        )

@@ -110,6 +110,7 @@ def pki(tmp_path_factory):
 # --- the refusal rule ---
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("address, loopback", [
     ("unix:/tmp/x.sock", True), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
     ("localhost:50051", True), ("[::1]:50051", True),
@@ -120,6 +121,7 @@ def test_loopback_addresses(address, loopback):
     assert channel.is_loopback(address) is loopback
 
 
+@pytest.mark.unit
 def test_exposure_rule():
     public = "0.0.0.0:50051"
     with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without credentials"):
@@ -130,6 +132,7 @@ def test_exposure_rule():
     channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), public)
 
 
+@pytest.mark.e2e
 def test_learner_on_a_public_address_without_credentials_refuses_to_start(tmp_path):
     port = free_port()
     result = subprocess.run([*SEEDQ, "learner", "--address", f"0.0.0.0:{port}", "--logdir",
@@ -175,6 +178,7 @@ def _call_all(target: str, metadata):
     return asyncio.run(main())
 
 
+@pytest.mark.e2e
 def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
@@ -210,6 +214,7 @@ def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
     assert "ipv4:127.0.0.1" in refusals[0].getMessage()
 
 
+@pytest.mark.e2e
 def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
     use server.health_port; no Learner RPC is reachable there."""
@@ -237,6 +242,7 @@ def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     assert plaintext_code == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.e2e
 def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp_path):
     path = tmp_path / "learner.sock"
 
@@ -263,6 +269,7 @@ def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp
     assert after == health_pb2.HealthCheckResponse.SERVING
 
 
+@pytest.mark.e2e
 def test_certs_command_writes_a_ca_and_keys_only_the_owner_can_read(tmp_path):
     from cryptography import x509
 
@@ -282,6 +289,7 @@ def test_certs_command_writes_a_ca_and_keys_only_the_owner_can_read(tmp_path):
     assert len((out / "token").read_text().strip()) >= 32
 
 
+@pytest.mark.e2e
 def test_bad_credential_files_are_one_line_errors(tmp_path):
     result = subprocess.run([*SEEDQ, "actor", "--server", "127.0.0.1:1", "--env", "CartPole-v1",
                              "--tls.ca", str(tmp_path / "missing.pem")], capture_output=True, text=True,
@@ -293,6 +301,8 @@ def test_bad_credential_files_are_one_line_errors(tmp_path):
 # --- real processes over TCP loopback ---
 
 
+@pytest.mark.e2e
+@pytest.mark.learning
 def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_path, pki):
     token = pki["token"]
     # Bounded by frames: CartPole needs ~0.3-0.5M frames with these defaults, 2M is the margin.
@@ -327,6 +337,7 @@ def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_pa
     assert _text(log).count("missing or wrong bearer token") == 1, _text(log)
 
 
+@pytest.mark.e2e
 def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path, pki):
     tls = ["--tls.cert", pki["server.pem"], "--tls.key", pki["server-key.pem"],
            "--tls.client-ca", pki["ca.pem"]]
@@ -369,6 +380,7 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
           f"SIGTERM -> rc {learner.returncode}, checkpoint {os.path.basename(summary['checkpoint'])}")
 
 
+@pytest.mark.e2e
 def test_idle_watchdog_closes_only_streams_waiting_on_a_silent_actor():
     async def main():
         loop = asyncio.get_running_loop()

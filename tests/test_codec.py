@@ -11,6 +11,8 @@ from seedq.schema import EnvSpec
 from seedq.wire.codec import ProtocolError
 from seedq import schema
 
+pytestmark = pytest.mark.unit
+
 DISCRETE = EnvSpec("float32", (4,), num_actions=2)
 BOX = EnvSpec(
     "float32", (3,), action_shape=(2,), action_low=(-1.0, -2.0), action_high=(1.0, 2.0)

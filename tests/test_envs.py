@@ -29,6 +29,7 @@ def seedq(*args, timeout=300, env=None):
 # --- environment ids ---------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_env_kinds_and_specs():
     assert env_kind("CartPole-v1") == "gym"
     assert env_kind("ALE/Pong-v5") == "atari"
@@ -43,6 +44,7 @@ def test_env_kinds_and_specs():
     assert env_spec("dmc:walker-walk").obs_shape == (24,)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("env_id, words", [
     ("Nope-v9", "unknown environment id 'Nope-v9'"),
     ("dmc:cartpole", "use dmc:<domain>-<task>"),
@@ -57,6 +59,7 @@ def test_bad_env_ids_are_clear_errors(env_id, words):
     assert words in str(e.value)
 
 
+@pytest.mark.unit
 def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
     env = make_vector_env("dmc:cartpole-swingup", 2, seed=0)
     try:
@@ -72,6 +75,7 @@ def test_dmc_episode_truncates_after_1000_steps_and_actions_are_clipped():
         env.close()
 
 
+@pytest.mark.unit
 def test_dmc_action_repeat_sums_rewards_and_keeps_the_return_scale():
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, (1000, 1)).astype(np.float32)
@@ -115,6 +119,7 @@ USER_ENV = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
     (tmp_path / "my_envs.py").write_text(USER_ENV)
     import os
@@ -149,6 +154,7 @@ def _frames(atari: AtariConfig, actions) -> np.ndarray:
         env.close()
 
 
+@pytest.mark.unit
 def test_action_repeat_advances_the_frame_by_frame_skip_emulator_frames():
     steps = 60  # past Pong's serve, so the ball and paddles move
     actions = np.random.default_rng(0).integers(0, 6, steps)
@@ -163,6 +169,7 @@ def test_action_repeat_advances_the_frame_by_frame_skip_emulator_frames():
     assert np.mean(np.asarray(moved) > 0) > 0.9
 
 
+@pytest.mark.unit
 def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
     actions = np.random.default_rng(1).integers(0, 6, 60)
     pooled = _frames(EXACT, actions).astype(int)
@@ -171,6 +178,63 @@ def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
     assert sum(differs) >= 10  # moving objects leave a trace in the pooled frame
     # Resizing is a non-negative weighted average: max then resize >= resize (up to rounding).
     assert (pooled >= plain - 1).all()
+
+
+def _actor_and_eval_atari(atari: AtariConfig):
+    """The two ways seedq builds ALE/Pong-v5: the actors' vector env (ale_py's C++
+    preprocessing) and the single env of `seedq eval` and its videos (gymnasium's
+    AtariPreprocessing over the raw ALE env)."""
+    options = EnvOptions(atari=atari)
+    return make_vector_env("ALE/Pong-v5", 1, options=options), make_env("ALE/Pong-v5", options)
+
+
+@pytest.mark.unit
+def test_actor_and_eval_atari_envs_have_the_spec_and_truncate_at_the_same_step():
+    atari = dataclasses.replace(EXACT, max_episode_frames=400)  # 100 agent steps at frame skip 4
+    spec = env_spec("ALE/Pong-v5", EnvOptions(atari=atari))
+    vec, single = _actor_and_eval_atari(atari)
+    try:
+        assert vec.single_observation_space == single.observation_space == gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        assert (spec.obs_dtype, spec.obs_shape, spec.num_actions) == ("uint8", (84, 84), 6)
+        vec.reset(seed=3)
+        single.reset(seed=3)
+        ends = {"actor": None, "eval": None}
+        for step in range(120):
+            obs, _, _, truncated, _ = vec.step(np.zeros(1, np.int64))
+            assert obs.shape == (1, 84, 84) and obs.dtype == np.uint8
+            if truncated[0] and ends["actor"] is None:
+                ends["actor"] = step
+            if ends["eval"] is None:
+                frame, _, _, truncated_single, _ = single.step(0)
+                assert frame.shape == (84, 84) and frame.dtype == np.uint8
+                if truncated_single:
+                    ends["eval"] = step
+        assert ends == {"actor": 99, "eval": 99}
+    finally:
+        vec.close()
+        single.close()
+
+
+@pytest.mark.unit
+@pytest.mark.xfail(strict=True, reason=(
+    "the actors' ale_py vector env and gymnasium's AtariPreprocessing (seedq eval, videos) "
+    "do not produce the same frames: the reset frame differs in 4 pixels and while the paddle "
+    "moves (RIGHT/LEFT) 6-18 pixels differ per step until it stops, so eval sees other "
+    "observations than training; the action meanings are the same (NOOP/FIRE steps match)"))
+def test_actor_and_eval_atari_frames_are_identical_under_play():
+    vec, single = _actor_and_eval_atari(EXACT)
+    try:
+        actor_obs, _ = vec.reset(seed=3)
+        eval_obs, _ = single.reset(seed=3)
+        np.testing.assert_array_equal(actor_obs[0], eval_obs, err_msg="reset")
+        for step, action in enumerate(np.random.default_rng(0).integers(0, 6, 60)):
+            actor_obs, actor_reward, *_ = vec.step(np.array([action]))
+            eval_obs, eval_reward, *_ = single.step(int(action))
+            np.testing.assert_array_equal(actor_obs[0], eval_obs, err_msg=f"step {step}")
+            assert actor_reward[0] == eval_reward
+    finally:
+        vec.close()
+        single.close()
 
 
 # --- learner-side frame stacking --------------------------------------------------
@@ -202,6 +266,7 @@ def _recorded_breakout(stack: int, steps: int):
     return stacks, stacks[..., -1], first
 
 
+@pytest.mark.unit
 def test_learner_side_stacking_equals_actor_side_stacking_across_episodes():
     stack, unroll = 4, 11
     expected, frames, first = _recorded_breakout(stack, steps=400)
@@ -233,6 +298,7 @@ def test_learner_side_stacking_equals_actor_side_stacking_across_episodes():
 # --- spec refusal -----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
     from seedq.config import TrainConfig
     from seedq.learner.learner import Learner
@@ -256,6 +322,7 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
 # --- end to end on Atari and DeepMind Control -------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("agent, extra", [
     ("vtrace", []),
     ("r2d2", ["--r2d2.min-replay-size", "4", "--r2d2.batch-size", "4", "--r2d2.burn-in", "4",
@@ -276,12 +343,14 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     assert summary["frames"] >= 2500 and summary["train_steps"] > 0
     assert summary["stop_reason"] == "max_frames"
     assert any((logdir / "checkpoints").iterdir())
-    # A truncated game (2000 emulator frames = 500 agent steps) scores in [-21, 21].
-    assert summary["eval"]["lengths"] == [500] and -21 <= summary["eval"]["mean"] <= 21
+    # --atari.max-episode-frames 2000 at frame skip 4 truncates the game at 500 agent
+    # steps (what the frames themselves look like: the unit tests above and below).
+    assert summary["eval"]["lengths"] == [500]
     config = json.loads((logdir / "config.json").read_text())
     assert config["frame_stack"] == 4 and config["atari"]["frame_skip"] == 4
 
 
+@pytest.mark.e2e
 def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     logdir = tmp_path / "dmc"
     result = seedq(
@@ -293,7 +362,9 @@ def test_dmc_gaussian_policy_runs_end_to_end(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["frames"] >= 6000 and summary["train_steps"] > 0
     assert summary["episodes"] >= 4  # 1000-step episodes
-    assert summary["eval"]["lengths"] == [1000] and 0 <= summary["eval"]["mean"] <= 1000
+    # dm_control's 1000-step limit reaches the greedy evaluation through seedq's wrapping
+    # (its observations and action repeat: the dmc unit tests above).
+    assert summary["eval"]["lengths"] == [1000]
 
 
 # --- observations of every family -------------------------------------------------
@@ -354,6 +425,7 @@ def obs_envs(tmp_path, monkeypatch):
     return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+@pytest.mark.unit
 def test_non_box_observations_are_flattened_to_one_float_vector(obs_envs):
     # FrozenLake: Discrete(16) -> one-hot; Blackjack: Tuple(Discrete(32), Discrete(11), Discrete(2)).
     assert env_spec("FrozenLake-v1").obs_shape == (16,) and env_spec("FrozenLake-v1").obs_dtype == "float32"
@@ -383,6 +455,7 @@ def test_non_box_observations_are_flattened_to_one_float_vector(obs_envs):
         vector.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env_id", ["FrozenLake-v1", "obs_envs:DictCorridor-v0"])
 def test_discrete_and_dict_observations_train_through_real_actor_processes(tmp_path, obs_envs, env_id):
     logdir = tmp_path / "run"
@@ -397,6 +470,7 @@ def test_discrete_and_dict_observations_train_through_real_actor_processes(tmp_p
     assert len(summary["eval"]["lengths"]) == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env_id, words", [
     ("obs_envs:TextObservation-v0", "obs_envs:TextObservation-v0: observation space Text("),
     ("obs_envs:OnePixel-v0", "observation shape [1, 1, 3] (an image of 1x1 pixels) is too small"),
@@ -410,6 +484,7 @@ def test_observations_no_network_takes_are_refused_at_start_up_in_one_line(tmp_p
     assert not (tmp_path / "x").exists()  # refused before the run started
 
 
+@pytest.mark.unit
 def test_minatar_ids_build_the_real_games():
     from minatar import Environment
 
@@ -431,6 +506,7 @@ def test_minatar_ids_build_the_real_games():
         env.close()
 
 
+@pytest.mark.e2e
 def test_minatar_trains_with_the_automatic_network(tmp_path):
     logdir = tmp_path / "minatar"
     result = seedq(

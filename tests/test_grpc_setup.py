@@ -11,6 +11,8 @@ import pytest
 
 from seedq import grpc_setup
 
+pytestmark = pytest.mark.e2e
+
 # Imports seedq, then grpc; opens a server and a channel on a unix socket so
 # that gRPC core parses its settings; prints what the process ended up with.
 PROBE = r"""

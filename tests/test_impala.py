@@ -31,7 +31,7 @@ from seedq.wire import codec, impala_codec
 from seedq import schema
 from serving import serve
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
 

@@ -45,25 +45,30 @@ def package_edges() -> dict[str, set[str]]:
     return edges
 
 
+@pytest.mark.unit
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
     assert _cycle({"a": {"b"}, "b": {"c"}}) is None
 
 
+@pytest.mark.unit
 def test_grimp_sees_lazy_imports():
     # cli imports the commands inside the functions that run them.
     assert "seedq.local" in GRAPH.find_modules_directly_imported_by("seedq.cli")
 
 
+@pytest.mark.unit
 def test_no_module_import_cycle():
     assert _cycle(module_edges()) is None, " -> ".join(_cycle(module_edges()))
 
 
+@pytest.mark.unit
 def test_no_first_level_package_import_cycle():
     cycle = _cycle(package_edges())
     assert cycle is None, " -> ".join(cycle)
 
 
+@pytest.mark.unit
 def test_leaf_modules_import_nothing_of_seedq_that_imports_them_back():
     # The shared types and the flag machinery are leaves: whatever they need
     # from seedq must not depend on the agents, the server or the CLI.
@@ -71,6 +76,7 @@ def test_leaf_modules_import_nothing_of_seedq_that_imports_them_back():
     assert GRAPH.find_modules_directly_imported_by("seedq.flags") <= {"seedq.config", "seedq.envs"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("chunk", range(2))
 def test_every_module_imports_alone(chunk):
     modules = sorted(GRAPH.modules)[chunk::2]

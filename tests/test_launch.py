@@ -64,6 +64,7 @@ def renders():
     return all_renders()
 
 
+@pytest.mark.unit
 def test_every_render_validates_strictly_for_kubernetes_1_30(renders):
     for name, docs in renders.items():
         for doc in docs:
@@ -81,6 +82,7 @@ def test_every_render_validates_strictly_for_kubernetes_1_30(renders):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
 
 
+@pytest.mark.e2e
 def test_committed_examples_validate_with_the_cli_and_are_fresh():
     for name, text in k8s.example_files().items():
         path = REPO / "launch" / "k8s" / name
@@ -101,6 +103,7 @@ def test_committed_examples_validate_with_the_cli_and_are_fresh():
     assert out == "".join(k8s.example_files()["gpu.yaml"].splitlines(keepends=True)[2:])
 
 
+@pytest.mark.unit
 def test_the_regeneration_command_writes_the_committed_files(tmp_path):
     assert k8s.main(["--write", str(tmp_path)]) == 0
     written = {p.name: p.read_text() for p in tmp_path.iterdir()}
@@ -108,6 +111,7 @@ def test_the_regeneration_command_writes_the_committed_files(tmp_path):
     assert written == committed
 
 
+@pytest.mark.unit
 def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
     docs = renders["tpu-v5litepod-16.yaml"]
     kinds = [d["kind"] for d in docs]
@@ -135,6 +139,7 @@ def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
             service["spec"]["selector"]
 
 
+@pytest.mark.unit
 def test_gpu_and_cpu_renders(renders):
     job = next(d for d in renders["gpu x8 r2d2"] if d["kind"] == "Job")
     pod = job["spec"]["template"]["spec"]
@@ -154,6 +159,7 @@ def test_gpu_and_cpu_renders(renders):
     assert "limits" not in cpu["containers"][0]["resources"] and "nodeSelector" not in cpu
 
 
+@pytest.mark.unit
 def test_renders_are_deterministic_and_hold_no_key_material(renders):
     flags = EXTRA_RENDERS["v4-16 impala"]
     first = run_cli(["launch", "k8s", *flags])[1]
@@ -207,6 +213,7 @@ def _localise(words: list[str], mapping: dict[str, str]) -> list[str]:
     return out
 
 
+@pytest.mark.unit
 def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path):
     for name, docs in renders.items():
         for doc in (d for d in docs if d["kind"] in ("Job", "Deployment")):
@@ -247,6 +254,7 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
                 assert (printed["command"] == "impala-actor") == (config["architecture"] == "impala")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("flags, message", [
     (["--accelerator", "tpu", "--tpu-type", "v5litepod-12", "--image", "i"], "not a slice size"),
     (["--accelerator", "tpu", "--tpu-type", "v9-8", "--image", "i"], "expected v5litepod-N"),
@@ -263,6 +271,7 @@ def test_bad_launch_input_is_one_line(flags, message):
     assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.unit
 def test_tpu_slice_table():
     assert (tpu_slice("v5litepod-16").hosts, tpu_slice("v5litepod-16").topology) == (4, "4x4")
     assert (tpu_slice("v5litepod-8").hosts, tpu_slice("v5litepod-8").chips_per_host) == (1, 8)
@@ -274,6 +283,7 @@ def test_tpu_slice_table():
         tpu_slice("v4-12")
 
 
+@pytest.mark.unit
 def test_actor_replicas_spread_over_hosts():
     assert k8s.actor_replicas(10, 4) == [3, 3, 2, 2]
     assert k8s.actor_replicas(3, 1) == [3]
@@ -316,6 +326,7 @@ def _heredoc(script: str) -> str:
     return script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
 
 
+@pytest.mark.e2e
 def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_path):
     script = dry_run("tpu-vm", "--zone", "us-central2-b", "--project", "proj", "--tpu-type", "v4-16",
                      "--spot", "--auth.token-file", token, "--env", "CartPole-v1", "--num-actors", "40",
@@ -364,6 +375,7 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     assert "--allow=tcp:50051" in firewall and "--source-tags=seedq-actor" in firewall
 
 
+@pytest.mark.e2e
 def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(token, tmp_path):
     script = dry_run("gpu-vm", "--zone", "europe-west4-a", "--auth.token-file", token,
                      "--env", "ALE/Pong-v5", "--envs-per-actor", "24", "--atari.screen-size", "64")
@@ -395,6 +407,7 @@ def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(tok
     assert any("jax[cuda12]" in word for command in commands for word in command)
 
 
+@pytest.mark.unit
 def test_teardown_and_refusals(token):
     down = _commands(dry_run("tpu-vm", "--zone", "z", "--down", "--auth.token-file", token))
     assert down[0][:5] == ["gcloud", "compute", "instance-groups", "managed", "delete"]
@@ -407,6 +420,7 @@ def test_teardown_and_refusals(token):
     assert code == 2 and "/no/such: no such file" in err
 
 
+@pytest.mark.e2e
 def test_without_dry_run_the_commands_run_and_stop_at_the_first_failure(token, tmp_path, monkeypatch):
     """A stand-in `gcloud` on PATH records its argv; it answers the describe calls and fails
     creating the instance group."""
@@ -446,6 +460,7 @@ def _readme_commands(prefix: str) -> list[list[str]]:
             for line in text.splitlines() if line.strip().startswith(prefix)]
 
 
+@pytest.mark.unit
 def test_readme_gke_command_renders_the_committed_tpu_example():
     (command,) = _readme_commands("seedq launch k8s")
     code, out, err = run_cli(command[1:])
@@ -454,6 +469,7 @@ def test_readme_gke_command_renders_the_committed_tpu_example():
     assert out == "".join(committed.splitlines(keepends=True)[2:])
 
 
+@pytest.mark.unit
 def test_readme_learner_and_actor_examples_follow_the_credentials_rule():
     learners = _readme_commands("seedq learner")
     actors = _readme_commands("seedq actor") + _readme_commands("seedq impala-actor")
@@ -465,6 +481,7 @@ def test_readme_learner_and_actor_examples_follow_the_credentials_rule():
         assert {"--auth.token-file", "--tls.ca"} & set(command), command
 
 
+@pytest.mark.unit
 def test_dockerfile_installs_like_the_readme():
     dockerfile = (REPO / "Dockerfile").read_text()
     readme = (REPO / "launch" / "README.md").read_text()
@@ -486,6 +503,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_path):
     """The CPU render with mutual TLS and a token, run for real on loopback: the
     Secrets hold `seedq certs` files under the keys launch/README.md gives them."""

@@ -21,6 +21,8 @@ import pytest
 
 from seedq import certs as certs_lib
 
+pytestmark = [pytest.mark.e2e, pytest.mark.learning]
+
 LEARNER_IP = "10.231.7.1"
 ACTOR_IP = "10.231.7.2"
 PORT = 50051

@@ -19,6 +19,8 @@ from seedq import checkpoint
 from seedq.learner.events import read_scalars
 from seedq.learner.stats import ActorStats
 
+pytestmark = pytest.mark.e2e
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 NEW_SCALARS = {

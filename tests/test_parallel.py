@@ -45,12 +45,14 @@ def ids(split) -> tuple[list[int], list[int], list[int]]:
 # --- the split ---
 
 
+@pytest.mark.unit
 def test_one_device_is_shared_by_inference_and_training():
     for wanted in (DevicesConfig(), DevicesConfig(inference=1, training=1)):
         split = split_devices(devices(1), wanted, batch_size=16)
         assert split.shared and ids(split) == ([0], [0], [])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, batch_size, expected", [
     (8, 16, ([0], [1, 2, 3, 4], [5, 6, 7])),  # v5e-8, V-trace's default batch
     (8, 32, ([0], [1, 2, 3, 4], [5, 6, 7])),  # v5e-8, R2D2's default batch
@@ -66,6 +68,7 @@ def test_auto_split_gives_one_device_to_inference_and_a_divisor_of_the_batch_to_
     assert batch_size % len(split.training) == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, wanted, expected", [
     (8, DevicesConfig(inference=2, training=4), ([0, 1], [2, 3, 4, 5], [6, 7])),
     (8, DevicesConfig(inference=4), ([0, 1, 2, 3], [4, 5, 6, 7], [])),
@@ -79,6 +82,7 @@ def test_explicit_split(n, wanted, expected):
     assert split.describe() == {"inference": expected[0], "training": expected[1]}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n, wanted, asked", [
     (4, DevicesConfig(inference=2, training=4), "asks for 6 devices"),
     (8, DevicesConfig(inference=8), "asks for 9 devices"),
@@ -92,6 +96,7 @@ def test_a_split_asking_for_more_devices_than_exist_names_the_devices_found(n, w
     assert f"found {n}: " + ", ".join(f"tpu:{i}" for i in range(n)) in message
 
 
+@pytest.mark.unit
 def test_a_training_count_that_does_not_divide_the_batch_is_refused_naming_both():
     with pytest.raises(ValueError) as error:
         split_devices(devices(8), DevicesConfig(training=3), batch_size=16, batch_name="vtrace.batch_size")
@@ -100,6 +105,7 @@ def test_a_training_count_that_does_not_divide_the_batch_is_refused_naming_both(
     assert "devices.training=3" in message and "vtrace.batch_size=16" in message
 
 
+@pytest.mark.unit
 def test_config_refuses_a_training_count_that_does_not_divide_the_agents_batch():
     TrainConfig(devices=DevicesConfig(training=4)).validate()
     with pytest.raises(ValueError, match=r"devices\.training=3 .* r2d2\.batch_size=32"):
@@ -108,6 +114,7 @@ def test_config_refuses_a_training_count_that_does_not_divide_the_agents_batch()
         TrainConfig(devices=DevicesConfig(inference=-1)).validate()
 
 
+@pytest.mark.unit
 def test_the_flags_exist_and_a_bad_split_is_one_line_on_the_command_line(capsys):
     assert cli.main(["train", "--devices.inference", "2", "--devices.training", "4", "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out)["devices"] == {"inference": 2, "training": 4}
@@ -119,6 +126,7 @@ def test_the_flags_exist_and_a_bad_split_is_one_line_on_the_command_line(capsys)
 # --- the learner on a device split, 8 forced CPU devices ---
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_a_local_run_trains_on_a_device_split_and_records_it(tmp_path, precision):
     """`seedq train` on 2 inference + 4 training devices: batches of inference
@@ -153,11 +161,13 @@ def measured():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_the_split_of_real_forced_devices(measured):
     assert measured["num_devices"] == FORCED_DEVICES
     assert measured["split"] == {"inference": [0], "training": [1, 2, 3, 4]}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
 def test_data_parallel_update_on_4_devices_equals_the_single_device_update(measured, agent):
     result = measured[agent]
@@ -178,6 +188,7 @@ def test_data_parallel_update_on_4_devices_equals_the_single_device_update(measu
         assert result["priority_spread"] > 100 * TOLERANCE  # not all equal: order matters
 
 
+@pytest.mark.e2e
 @pytest.mark.xfail(strict=True, reason=(
     "the networks flatten time-major [T, B] to [T*B] (seedq/agents/vtrace/networks.py, "
     "seedq/agents/r2d2/networks.py): with B sharded that reshape makes XLA all-gather the "

@@ -24,6 +24,7 @@ def printed_config(argv, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.unit
 def test_config_file_is_layered_under_the_flags(tmp_path, capsys):
     run_json = tmp_path / "run.json"
     run_json.write_text(json.dumps({"env": "Acrobot-v1", "num_actors": 3, "vtrace": {"batch_size": 8},
@@ -35,6 +36,7 @@ def test_config_file_is_layered_under_the_flags(tmp_path, capsys):
     assert config["logdir"] == str(tmp_path / "r")
 
 
+@pytest.mark.unit
 def test_a_runs_own_config_json_round_trips(tmp_path, capsys):
     first = printed_config(["--env", "Acrobot-v1", "--vtrace.hidden-sizes", "32,32", "--insecure",
                             "--logdir", str(tmp_path / "r")], capsys)
@@ -42,6 +44,7 @@ def test_a_runs_own_config_json_round_trips(tmp_path, capsys):
     assert printed_config(["--config", str(tmp_path / "config.json")], capsys) == first
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("content, code, expected", [
     ('{"vtrace": {"batch_sise": 8}}', 2, "--config {path}: unknown field(s) vtrace.batch_sise; valid in vtrace:"),
     ('{"bogus": 1}', 2, "--config {path}: unknown field(s) bogus; valid:"),
@@ -59,6 +62,7 @@ def test_bad_config_files_are_one_line_errors(tmp_path, capsys, content, code, e
     assert expected.format(path=path) in err, err
 
 
+@pytest.mark.unit
 def test_resume_auto_starts_fresh_or_resumes_the_run_directory(tmp_path, capsys):
     assert cli.main(["train", "--resume", "auto", "--print-config"]) == 2
     assert "--resume auto needs the run directory" in capsys.readouterr().err
@@ -81,6 +85,7 @@ def _train_steps(log) -> int:
     return int(found[-1].replace(",", "")) if found else 0
 
 
+@pytest.mark.e2e
 def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
     run, log = tmp_path / "run", tmp_path / "first.log"
     # No periodic checkpoints: the only checkpoint is the one SIGTERM causes.

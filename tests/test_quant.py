@@ -9,6 +9,7 @@ CartPole policy, and the per-layer int8/fp32 plan (seedq.quant.plan) from
 injected timings.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -45,21 +46,30 @@ def _obs(name, n):
 
 
 class _Net:
-    """A benchmark network with jitted init / publish / forward at every precision."""
+    """A production V-trace network (as `seedq bench inference` builds it: the
+    agent's own) with jitted init / publish / forward at every precision."""
 
     def __init__(self, name):
+        from seedq.bench.inference import agent_net
+
         self.name = name
-        self.net = networks.PolicyValueNet(networks.make_torso(name), 6)
-        self.example = _obs(name, 1)
-        self.paths = quant.quantizable_paths(quant.find_layers(self.net, self.example))
-        self._init = jax.jit(lambda rng: self.net.init(rng, self.example))
+        self.agent_net = agent_net(name, 6, mlp_input=64)
+        self.net = self.agent_net.module
+        # The network's own (time-major, one step) inputs for one env.
+        self.example = self.agent_net.inputs(jnp.asarray(_obs(name, 1)))
+        self.paths = quant.quantizable_paths(quant.find_layers(self.net, *self.example))
+        self._init = jax.jit(lambda rng: self.net.init(rng, *self.example))
         self.publish = {
             p: jax.jit(lambda params, p=p: quant.publish(params, p, self.paths)) for p in quant.PRECISIONS
         }
-        self.forward = {
-            p: jax.jit(lambda published, obs, p=p: quant.apply(self.net, published, p, obs, conv_impl=CONV))
-            for p in quant.PRECISIONS
-        }
+        self.forward = {p: jax.jit(lambda published, obs, p=p: self.apply(published, p, obs))
+                        for p in quant.PRECISIONS}
+
+    def apply(self, published, precision, obs, **kwargs):
+        """(logits [N, A], value [N]) of one step for obs [N, ...]."""
+        dist, value, _ = quant.apply(self.net, published, precision, *self.agent_net.inputs(obs),
+                                     conv_impl=CONV, **kwargs)
+        return dist["logits"][0], value[0]
 
     def init(self, seed):
         return self._init(jax.random.PRNGKey(seed))
@@ -83,10 +93,30 @@ def _net(name) -> _Net:
 # --- the quantizer ----------------------------------------------------------------
 
 
-def test_precisions_match_config():
-    assert config_lib.PRECISIONS == quant.PRECISIONS == ("fp32", "bf16", "int8")
+@pytest.mark.unit
+def test_every_precision_the_config_accepts_runs_and_the_rest_are_refused_by_both():
+    """The config's precision check and the quantizer's are separate lists: what one
+    accepts the other must run, and both refuse anything else."""
+    net = nn.Dense(3)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    params = net.init(jax.random.PRNGKey(0), x)
+    for precision in ("fp32", "bf16", "int8", "fp16", "int4"):
+        try:
+            config_lib.TrainConfig(precision=precision).validate()
+            accepted = True
+        except ValueError as e:
+            assert f"precision={precision!r}" in str(e)
+            accepted = False
+        if accepted:
+            out = quant.apply(net, quant.publish(params, precision), precision, x)
+            assert out.shape == (2, 3) and out.dtype == jnp.float32, precision
+        else:
+            with pytest.raises(ValueError, match=f"precision={precision!r}"):
+                quant.apply(net, params, precision, x)
+        assert accepted == (precision in ("fp32", "bf16", "int8")), precision
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", [(37, 5), (3, 3, 4, 16), (8, 8, 4, 32)])
 def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     # Channels of very different magnitudes: each gets its own scale.
@@ -107,6 +137,7 @@ def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     assert np.all(np.max(err, axis=axes) <= bound), (np.max(err, axis=axes) / scale).max()
 
 
+@pytest.mark.unit
 def test_zero_constant_and_tiny_channels():
     w = np.zeros((6, 5), np.float32)
     w[:, 1] = 0.75  # constant
@@ -124,6 +155,7 @@ def test_zero_constant_and_tiny_channels():
     assert np.all(np.abs(deq[:, 3] - w[:, 3]) <= 1e-41)
 
 
+@pytest.mark.unit
 def test_scale_is_never_zero_for_any_input():
     for x in (np.zeros((4, 3)), np.full((4, 3), 1e-45), np.full((4, 3), -0.0)):
         _, s = quant.quantize_per_channel(x.astype(np.float32))
@@ -132,6 +164,7 @@ def test_scale_is_never_zero_for_any_input():
         assert np.all(np.asarray(s) > 0)
 
 
+@pytest.mark.unit
 def test_row_quantization_bounds_and_zero_rows():
     x = (RNG.standard_normal((5, 7, 7, 3)) * np.array([1e-3, 1, 10, 1e4, 0])[:, None, None, None])
     x = x.astype(np.float32)
@@ -155,6 +188,7 @@ def _layer_dicts(tree, path=()):
                 yield from _layer_dicts(v, path + (k,))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["mlp", "nature_cnn", "impala_cnn"])
 def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     net = _net(name)
@@ -164,7 +198,8 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
     assert {p[-1] for p in outputs} == {"policy", "value"}
     # The MLP's input layer takes the float observation: fp32 like the outputs.
     # The CNNs' first conv takes uint8 pixels and is quantized.
-    kept = outputs | ({("torso", "Dense_0")} if name == "mlp" else set())
+    torso = {"mlp": "MLPTorso_0", "nature_cnn": "NatureCNN_0", "impala_cnn": "ImpalaCNN_0"}[name]
+    kept = outputs | ({(torso, "Dense_0")} if name == "mlp" else set())
     # Every other Dense/Conv here is quantizable.
     assert set(net.paths) == set(fp32_layers) - kept
 
@@ -184,7 +219,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             continue
         kernel = fp32_layers[path]["kernel"]
         equalized = net.paths[path]["equalize"]
-        assert equalized == (path != ("torso", "Conv_0"))  # pixels: exact ints
+        assert equalized == (path != (torso, "Conv_0"))  # pixels: exact ints
         assert set(layer) == {qz.QKERNEL, qz.QSCALE, "bias"} | ({qz.QINPUT} if equalized else set())
         assert layer[qz.QKERNEL].dtype == jnp.int8 and layer[qz.QKERNEL].shape == kernel.shape
         assert layer[qz.QSCALE].dtype == jnp.float32 and layer[qz.QSCALE].shape == kernel.shape[-1:]
@@ -202,6 +237,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             assert np.all(err <= step * (0.5 + 1e-4))
 
 
+@pytest.mark.unit
 def test_publish_rejects_unknown_precision():
     with pytest.raises(ValueError, match="int4"):
         quant.publish({"params": {}}, "int4")
@@ -225,6 +261,7 @@ class _Mixed(nn.Module):
         return _OwnKernel()(y) + nn.Dense(3)(y)
 
 
+@pytest.mark.unit
 def test_unsupported_layers_stay_fp32_and_still_run():
     net = _Mixed()
     x = RNG.standard_normal((3, 12, 12, 2)).astype(np.float32)
@@ -246,6 +283,7 @@ def test_unsupported_layers_stay_fp32_and_still_run():
 # --- int8 convolution implementations ---------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "h, w, c, o, k, stride, dtype",
     [
@@ -276,6 +314,7 @@ def test_int8_conv_implementations_are_exact(h, w, c, o, k, stride, dtype):
         np.testing.assert_array_equal(np.asarray(out), ref.astype(np.int64), err_msg=impl)
 
 
+@pytest.mark.unit
 def test_patches_conv_equals_lax_conv_on_float_layer():
     """The int8 patches path of a SAME-padded layer == lax conv of the dequantized operands."""
     x = np.abs(RNG.standard_normal((3, 10, 10, 8))).astype(np.float32)
@@ -294,6 +333,7 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_uint8_pixels_are_used_exactly():
     """A conv fed by scale_pixels computes with the raw integers (scale 1/255), no re-quantization."""
 
@@ -322,23 +362,88 @@ def test_uint8_pixels_are_used_exactly():
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=impl)
 
 
-def test_auto_policy_times_the_implementations_and_caches_the_choice():
+class _ScriptedClock:
+    """perf_counter() for `seedq.quant.layers`: each start/stop pair of the one
+    timed call per implementation lasts the next scripted number of seconds."""
+
+    def __init__(self, durations):
+        self._ticks = [t for d in durations for t in (0.0, d)]
+
+    def perf_counter(self):
+        return self._ticks.pop(0)
+
+
+def _calibrate_with(monkeypatch, single, interleaved, broken=()):
+    """qlayers._calibrate on a small conv with the one-call timings `single` (impl ->
+    seconds, in CONV_FUNCTIONS order, for those that compile) and the interleaved
+    round results `interleaved`; implementations in `broken` fail to compile.
+    Returns (choice, the set of implementations that reached the interleaved rounds)."""
+    real_layer = qlayers._conv_layer
+
+    def layer(impl, *args):
+        if impl in broken:
+            raise RuntimeError(f"{impl}: no integer convolution here")
+        return real_layer(impl, *args)
+
+    raced = []
+    monkeypatch.setattr(qlayers, "_conv_layer", layer)
+    monkeypatch.setattr(qlayers, "time", _ScriptedClock([single[i] for i in qlayers.CONV_FUNCTIONS if i not in broken]))
+    monkeypatch.setattr(qlayers, "time_interleaved",
+                        lambda fns, *a, **k: raced.append(set(fns)) or {i: interleaved[i] for i in fns})
+    choice = qlayers._calibrate((2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
+    return choice, (raced[0] if raced else set())
+
+
+@pytest.mark.unit
+def test_conv_choice_races_the_candidates_within_2x_and_picks_the_fastest_round(monkeypatch):
+    assert set(qlayers.CONV_FUNCTIONS) == {"patches", "native", "s2d"}
+    # native is > 2x slower than the best single call: dropped before the rounds.
+    choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "native": 2.5, "s2d": 1.9},
+                                    {"patches": 0.9, "s2d": 0.7})
+    assert raced == {"patches", "s2d"}
+    assert (choice.impl, choice.reason) == ("s2d", "measured")
+    assert choice.seconds == {"patches": 0.9, "native": 2.5, "s2d": 0.7}
+    # The rounds decide, not the single calls.
+    choice, _ = _calibrate_with(monkeypatch, {"patches": 1.0, "native": 1.1, "s2d": 1.2},
+                                {"patches": 0.8, "native": 0.5, "s2d": 0.6})
+    assert choice.impl == "native"
+
+
+@pytest.mark.unit
+def test_conv_choice_skips_implementations_that_fail_and_defaults_when_none_compiles(monkeypatch):
+    choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "s2d": 3.0}, {}, broken=("native",))
+    # One candidate left within 2x: no rounds needed.
+    assert raced == set() and choice.impl == "patches" and choice.seconds["native"] is None
+    choice, _ = _calibrate_with(monkeypatch, {}, {}, broken=tuple(qlayers.CONV_FUNCTIONS))
+    assert (choice.impl, choice.reason) == ("patches", "no implementation compiled")
+
+
+@pytest.mark.unit
+def test_auto_policy_calibrates_each_layer_shape_once_and_computes_what_every_impl_computes(monkeypatch):
+    calls = []
+    fixed = {"native": qlayers.ConvChoice("native", {}, "measured")}
+    monkeypatch.setattr(qlayers, "_calibrate", lambda *key: calls.append(key) or fixed["native"])
+    shape = (2, 9, 9, 13)  # a shape no other test calibrates
+    args = (np.float32, ((1, 1), (1, 1)), (3, 3, 13, 16), (1, 1))
+    assert qlayers.choose_conv_impl(shape, *args) == "native"
+    assert qlayers.choose_conv_impl(shape, *args) == "native"
+    assert len(calls) == 1  # cached per (platform, shapes, strides)
+    assert qlayers.choose_conv_impl(shape, *args, policy="s2d") == "s2d"  # a named policy is not timed
+    assert len(calls) == 1
+    # Whatever "auto" picks, the layer's output is bit-identical to each named implementation's.
     conv = nn.Conv(16, (3, 3), padding="SAME")
-    x = np.abs(RNG.standard_normal((2, 9, 9, 16))).astype(np.float32)
+    x = np.abs(RNG.standard_normal(shape)).astype(np.float32)
     published = jax.jit(lambda p: quant.publish(p, "int8"))(jax.jit(conv.init)(jax.random.PRNGKey(0), x))
-    out = jax.jit(lambda p, v: quant.apply(conv, p, "int8", v, conv_impl="auto"))(published, x)
-    assert out.shape == (2, 9, 9, 16)
-    key = (jax.default_backend(), (2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
-    choice = qlayers.conv_choices()[key]
-    assert choice.impl in qlayers.CONV_IMPLS
-    assert choice.reason == "measured"
-    assert all(choice.seconds[i] > 0 for i in qlayers.CONV_IMPLS)
-    assert choice.seconds[choice.impl] == min(choice.seconds.values())
+    outs = {impl: np.asarray(jax.jit(lambda p, v, impl=impl: quant.apply(conv, p, "int8", v, conv_impl=impl))(
+        published, x)) for impl in ("auto", *qlayers.CONV_IMPLS)}
+    for impl, out in outs.items():
+        np.testing.assert_array_equal(out, outs["auto"], err_msg=impl)
 
 
 # --- whole networks ---------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["mlp", "nature_cnn", "impala_cnn"])
 def test_bf16_and_int8_outputs_are_close_to_fp32(name):
     net = _net(name)
@@ -357,30 +462,24 @@ def test_bf16_and_int8_outputs_are_close_to_fp32(name):
         assert rel_v < 3 * tol, (precision, rel_v)
 
 
-class _RecurrentDueling(nn.Module):
-    """Torso -> scanned LSTM core (nn.LSTMCell, made of Dense) -> dueling Q head."""
+@pytest.mark.unit
+def test_r2d2_network_lstm_and_dueling_head_run_through_the_same_mechanism():
+    """The production R2D2 network (MLP torso -> scanned LSTM -> dueling head)."""
+    from seedq.agents.r2d2.networks import RecurrentQNetwork
 
-    @nn.compact
-    def __call__(self, obs, first, carry):
-        t, b = obs.shape[:2]
-        x = networks.MLPTorso((32,))(obs.reshape(t * b, -1)).reshape(t, b, -1)
-        core = nn.scan(networks.LSTMCore, variable_broadcast="params", split_rngs={"params": False})
-        carry, y = core(32)(carry, x, first)
-        return networks.DuelingHead(5, 32)(y.reshape(t * b, -1)).reshape(t, b, 5), carry
-
-
-def test_lstm_core_and_dueling_head_run_through_the_same_mechanism():
-    net = _RecurrentDueling()
+    net = RecurrentQNetwork(5, hidden_sizes=(32,), lstm_size=32, head_hidden_size=32)
     obs = RNG.standard_normal((6, 4, 10)).astype(np.float32)
     first = np.zeros((6, 4), bool)
     first[0] = True
-    carry = networks.LSTMCore(32).initial_state(4)
+    carry = net.initial_carry(4)
     params = jax.jit(net.init)(jax.random.PRNGKey(0), obs, first, carry)
     layers = quant.find_layers(net, obs, first, carry)
     paths = quant.quantizable_paths(layers)
-    # 4 gates x (input, hidden) and the dueling head; the torso's one layer
+    # The LSTM's gate layer and the dueling head's four; the torso's one layer
     # takes the float observation and stays fp32.
-    assert len(paths) == 8 + 4
+    assert sorted("/".join(p) for p in paths) == [
+        "DuelingHead_0/Dense_0", "DuelingHead_0/Dense_1", "DuelingHead_0/Dense_2", "DuelingHead_0/Dense_3",
+        "lstm/cell/gates"]
     assert [layer.path for layer in layers if layer.observation] == [layers[0].path]
     assert layers[0].path not in paths
     ref_q, (ref_c, ref_h) = jax.jit(net.apply)(params, obs, first, carry)
@@ -401,21 +500,38 @@ def atari_frames():
     return collect_atari_frames(6 * BATCH, "ALE/Pong-v5", seed=3)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["nature_cnn", "impala_cnn"])
 def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
+    """The production V-trace CNNs (random initialisations) on real Pong frames.
+
+    A fresh policy head (orthogonal 0.01) leaves many states near-indifferent:
+    for seed 0 of the Nature CNN only 6 % of these states have a logit gap of 5 %
+    of the logit scale, so the raw agreement mostly counts ties (measured, seeds
+    0-3: int8 0.85-1.0, bf16 0.96-1.0). What int8 must get right is the states
+    where fp32 prefers an action clearly: there every seed 0-3 of both nets agreed
+    on >= 98.8 % (1.0 for seeds 0 and 1), with a logit error <= 0.06 of the scale.
+    """
     assert atari_frames.shape == (300, 84, 84, 4) and atari_frames.dtype == np.uint8
     assert len(np.unique(atari_frames.reshape(300, -1), axis=0)) > 250  # distinct states
     net = _net(name)
-    agreements = []
+    rows = []
     for seed in (0, 1):  # two random initialisations
         params = net.init(seed)
-        ref = net.outputs(params, "fp32", atari_frames)[0].argmax(-1)
+        ref = net.outputs(params, "fp32", atari_frames)[0]
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        decided = (top2[:, 1] - top2[:, 0]) >= 0.05 * np.abs(ref).max()
+        assert decided.sum() >= 10, (seed, decided.sum())
         for precision in ("int8", "bf16"):
             logits = net.outputs(params, precision, atari_frames)[0]
-            agreements.append((precision, seed, float(np.mean(logits.argmax(-1) == ref))))
-    assert all(a >= 0.97 for *_, a in agreements), agreements
+            same = logits.argmax(-1) == ref.argmax(-1)
+            rows.append((precision, seed, float(np.mean(same[decided])),
+                         float(np.abs(logits - ref).max() / np.abs(ref).max())))
+    assert all(agree >= 0.98 and error < 0.1 for _, _, agree, error in rows), rows
 
 
+@pytest.mark.e2e
+@pytest.mark.learning
 def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     """Trains CartPole to a mean of 150 with the real system (int8 inference), then compares greedy actions
     of bf16/int8 with fp32 on the states its softmax behaviour policy visits.
@@ -446,14 +562,20 @@ def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
     assert summary["int8_plan"]["forced"] is False
     # Bounded by frames, not seconds, so a slow or busy machine does not fail it (a
     # 200k-frame budget once stopped at a mean of 80 on CI); random play scores ~22.
+    # Margin: seeds 0-2 reached 150 at 143k-206k frames, 7x inside the budget.
     assert summary["reached_target"], summary
 
     out = trained_policy_agreement(str(logdir), steps=100, num_envs=16, modes=("sample",))
     row = out["modes"]["sample"]
     assert row["states"] == 1600
-    assert row["bf16"]["argmax_agreement"] >= 0.98, row
+    # The bounds this test had before they were loosened (when every layer ran
+    # int8), restored: seeds 0-2 of this run measured bf16 99.56-99.69 %, int8
+    # 99.63-99.81 %, int8 100 % where the fp32 gap is >= 0.05, max relative logit
+    # error 0.009-0.013 (bench/inference.trained_policy_agreement, sample mode).
+    assert row["bf16"]["argmax_agreement"] >= 0.99, row
     assert row["int8"]["argmax_agreement"] >= 0.96, row
-    assert row["int8"]["max_rel_logit_error"] < 0.15, row
+    assert row["int8"]["agreement_gap_above_0.05"] >= 0.995, row
+    assert row["int8"]["max_rel_logit_error"] < 0.1, row
 
 
 def _agents():
@@ -466,6 +588,7 @@ def _agents():
     return spec, {"vtrace": make_agent(vtrace, spec), "r2d2": make_agent(r2d2, spec)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["vtrace", "r2d2"])
 def test_the_precision_mode_runs_any_agent_at_every_precision(name):
     """Precision is a mode wrapped around the agent's own `act`: the same agent
@@ -507,6 +630,7 @@ def test_the_precision_mode_runs_any_agent_at_every_precision(name):
         InferencePrecision(agent, spec, "int4")
 
 
+@pytest.mark.unit
 def test_r2d2_q_values_at_int8_stay_close_to_fp32():
     """R2D2's Q-values through the int8 mode (LSTM and dueling head quantized)
     against the fp32 network on the same inputs, over an 8-step unroll."""
@@ -531,27 +655,79 @@ def test_r2d2_q_values_at_int8_stay_close_to_fp32():
     assert int8.mac_share(8) > 0.5  # the LSTM and the hidden layers: most of the MACs
 
 
+@pytest.mark.unit
+def test_bench_r2d2_network_is_the_agents_and_its_greedy_action_is_the_agents():
+    from seedq.agents.r2d2.agent import R2D2Agent
+    from seedq.bench.inference import NetBench
+    from seedq.envs import env_spec
+
+    obs = RNG.standard_normal((8, 4)).astype(np.float32)
+    bench = NetBench("r2d2_mlp", quant.PRECISIONS, num_actions=2, seed=0, example=obs)
+    agent = R2D2Agent(env_spec("CartPole-v1"), config_lib.R2D2Config(), num_envs=8)
+    # The bench's parameters fit the agent's network as they are: the same module.
+    _, outputs, _, _ = jax.jit(agent.act)(bench.params, jax.random.PRNGKey(0), obs, np.ones(8, bool),
+                                          agent.initial_core_state(8), {"epsilon": np.zeros(8, np.float32)})
+    np.testing.assert_array_equal(bench.logits("fp32", obs).argmax(-1), np.asarray(outputs["greedy_action"]))
+    int8 = bench.published["int8"]["params"]
+    assert qz.QKERNEL in int8["lstm"]["cell"]["gates"] and qz.QKERNEL in int8["DuelingHead_0"]["Dense_1"]
+    assert "kernel" in int8["MLPTorso_0"]["Dense_0"]  # fed the float observation: fp32
+
+
+@pytest.mark.unit
+def test_trained_policy_agreement_reads_an_r2d2_checkpoint(tmp_path):
+    from seedq.bench.inference import trained_policy_agreement
+    from seedq.envs import env_spec
+    from seedq import checkpoint
+    from seedq.learner.learner import make_agent
+
+    run = tmp_path / "r2d2"
+    run.mkdir()
+    config = dataclasses.replace(config_lib.TrainConfig(agent="r2d2", env="CartPole-v1"), logdir=str(run))
+    state = make_agent(config, env_spec("CartPole-v1")).init(jax.random.PRNGKey(3))
+    config_lib.save(config, str(run / "config.json"))
+    writer = checkpoint.CheckpointWriter(str(run), keep=1)
+    writer.save(checkpoint.Snapshot(
+        state=jax.device_get(state), rng=jax.random.PRNGKey(1),
+        counters={"train_steps": 1, "trained_frames": 0, "frames": 0, "episodes": 0, "policy_version": 1,
+                  "elapsed_seconds": 0.0},
+        episode_window={"returns": [], "lengths": []}, target={}, config=config_lib.to_dict(config)), wait=True)
+    writer.close()
+    out = trained_policy_agreement(str(run), steps=25, num_envs=4)
+    assert out["agent"] == "r2d2" and set(out["modes"]) == {"greedy", "eps"}
+    assert out["int8_layers"] == ["DuelingHead_0/Dense_0", "DuelingHead_0/Dense_1", "DuelingHead_0/Dense_2",
+                                  "DuelingHead_0/Dense_3", "lstm/cell/gates"]
+    for row in out["modes"].values():
+        assert row["states"] == 100
+        for precision in ("bf16", "int8"):
+            assert 0.0 <= row[precision]["argmax_agreement"] <= 1.0
+            assert 0.0 < row[precision]["max_rel_logit_error"] < 0.1  # it ran in that precision, and close
+
+
+@pytest.mark.e2e
 def test_bench_inference_cli_reports_ratios_and_errors():
     result = subprocess.run(
-        [sys.executable, "-m", "seedq.cli", "bench", "inference", "--net", "mlp",
+        [sys.executable, "-m", "seedq.cli", "bench", "inference", "--net", "mlp,r2d2_mlp",
          "--precision", "fp32,bf16,int8", "--batch", "16", "--rounds", "2",
          "--seconds-per-case", "0.2", "--eval-states", "16", "--json"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "SEEDQ_JAX_CACHE_DIR": "off"},
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    rows = {(r["batch"], r["precision"]): r for r in out["results"]}
-    assert set(rows) == {(16, p) for p in ("fp32", "bf16", "int8")}
+    rows = {(r["net"], r["batch"], r["precision"]): r for r in out["results"]}
+    assert set(rows) == {(n, 16, p) for n in ("mlp", "r2d2_mlp") for p in ("fp32", "bf16", "int8")}
     for r in rows.values():
         assert r["samples_per_second"] > 0 and r["ratio_to_fp32"] > 0
         assert 0.0 <= r["argmax_agreement"] <= 1.0
-    assert rows[(16, "fp32")]["ratio_to_fp32"] == 1.0
-    assert rows[(16, "fp32")]["max_rel_logit_error"] == 0.0
+    for net in ("mlp", "r2d2_mlp"):
+        assert rows[(net, 16, "fp32")]["ratio_to_fp32"] == 1.0
+        assert rows[(net, 16, "fp32")]["max_rel_logit_error"] == 0.0
+        assert rows[(net, 16, "bf16")]["max_rel_logit_error"] > 0.0  # it ran in bf16
 
 
 # --- the per-layer int8/fp32 plan (issue 16) ---------------------------------------------
 
 
+@pytest.mark.unit
 def test_plan_keeps_int8_only_where_it_was_faster():
     a, b, c, d = ("a",), ("b",), ("c",), ("d",)
     seconds = {
@@ -584,6 +760,7 @@ class _SmallCnn(nn.Module):
         return nn.Dense(3, name="policy")(x)
 
 
+@pytest.mark.unit
 def test_mac_share_counts_every_layer_from_its_shape():
     layers = quant.find_layers(_SmallCnn(), np.zeros((1, 9, 9, 4), np.float32))
     macs = {layer.path: qplan.layer_macs(layer) for layer in layers}
@@ -598,10 +775,11 @@ def test_mac_share_counts_every_layer_from_its_shape():
     assert qplan.layer_macs(same[0]) == 6 * 7 * 9 * 2 * 5
 
 
+@pytest.mark.unit
 def test_force_int8_quantizes_every_quantizable_layer():
     net = _net("nature_cnn")
     params = net.init(0)
-    layers = quant.find_layers(net.net, net.example)
+    layers = quant.find_layers(net.net, *net.example)
     plan = quant.make_plan(layers, params, [8, 32], force=True)
     quantizable = set(quant.quantizable_paths(layers))
     assert plan.forced and plan.seconds == {}
@@ -613,10 +791,11 @@ def test_force_int8_quantizes_every_quantizable_layer():
     assert {layer.path[-1] for layer in layers if layer.path not in quantizable} == {"policy", "value"}
 
 
+@pytest.mark.unit
 def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     net = _net("nature_cnn")
     params = net.init(2)
-    layers = quant.find_layers(net.net, net.example)
+    layers = quant.find_layers(net.net, *net.example)
     options = quant.quantizable_paths(layers)
     convs = sorted(p for p in options if p[-1].startswith("Conv"))
     # Injected timings: at 8 nothing pays, at BATCH the first two convolutions do.
@@ -629,8 +808,8 @@ def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     for key in convs[0]:
         node = node[key]
     assert {"kernel", qz.QKERNEL} <= set(node)  # int8 at one size, fp32 at the other
-    forward = jax.jit(lambda pub, obs, layers: quant.apply(net.net, pub, "int8", obs, conv_impl=CONV,
-                                                           int8_layers=layers), static_argnames="layers")
+    forward = jax.jit(lambda pub, obs, layers: net.apply(pub, "int8", obs, int8_layers=layers),
+                      static_argnames="layers")
     obs = _obs("nature_cnn", BATCH)
     ref_logits, _ = net.forward["fp32"](params, obs)
     logits, _ = forward(published, obs, plan.layers_for(BATCH))
@@ -640,6 +819,7 @@ def test_mixed_plan_outputs_are_close_to_fp32_and_fp32_layers_exact():
     np.testing.assert_allclose(all_fp32, ref_logits, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_the_precision_mode_measures_a_plan_and_acts_with_it():
     from seedq.quant.mode import InferencePrecision
 
@@ -661,12 +841,14 @@ def test_the_precision_mode_measures_a_plan_and_acts_with_it():
     assert InferencePrecision(agent, spec, "fp32").plan_int8(params, [8]) is None
 
 
+@pytest.mark.unit
 def test_force_int8_needs_int8_precision():
     with pytest.raises(ValueError, match="quant.force_int8 applies to precision='int8'"):
         config_lib.TrainConfig(quant=config_lib.QuantConfig(force_int8=True)).validate()
     config_lib.TrainConfig(precision="int8", quant=config_lib.QuantConfig(force_int8=True)).validate()
 
 
+@pytest.mark.unit
 def test_progress_line_and_summary_report_the_int8_mac_share():
     from seedq.learner import sinks
 
@@ -677,3 +859,16 @@ def test_progress_line_and_summary_report_the_int8_mac_share():
     assert sinks.int8_share_text(plan.to_dict()) == " MACs 0-100%"
     assert plan.to_dict()["mac_share"] == {"8": 0.0, "64": 0.75, "256": 1.0}
     assert sinks.int8_share_text(None) == ""  # no int8 plan (fp32, bf16, r2d2)
+
+
+@pytest.mark.unit
+def test_bench_inference_policy_run_that_is_no_run_is_one_line(tmp_path, capsys):
+    from seedq import cli
+
+    (tmp_path / "no_checkpoint").mkdir()
+    config_lib.save(config_lib.TrainConfig(agent="r2d2"), str(tmp_path / "no_checkpoint" / "config.json"))
+    for run, words in ((tmp_path / "missing", "not a seedq run directory (no config.json)"),
+                       (tmp_path / "no_checkpoint", "no checkpoint in it")):
+        assert cli.main(["bench", "inference", "--net", "", "--policy-run", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

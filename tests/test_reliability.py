@@ -24,6 +24,7 @@ from seedq.learner.reporting import RunReporter
 # --- the soak (docs/reliability.md has the 300 s figures) ---
 
 
+@pytest.mark.e2e
 def test_soak_with_actor_kills_and_a_learner_kill(tmp_path):
     """30 s of training while an actor is SIGKILLed every 3 s and the learner
     once (resumed from its checkpoint). Timing figures are the benchmark's
@@ -51,6 +52,7 @@ def test_soak_with_actor_kills_and_a_learner_kill(tmp_path):
     assert "Traceback" not in "".join(p.read_text() for p in tmp_path.glob("learner-*.log"))
 
 
+@pytest.mark.unit
 def test_monotonic_check_catches_a_counter_going_back_and_a_resume_below_its_checkpoint():
     from seedq.bench.soak import COUNTERS, MonotonicCheck
 
@@ -113,6 +115,7 @@ def _save(config: TrainConfig, learner: Learner, train_steps: int, *, final: boo
     return path
 
 
+@pytest.mark.e2e
 def test_replay_is_saved_with_the_newest_checkpoint_only(tmp_path):
     config = _r2d2_config(tmp_path / "run")
     learner = Learner(config, "unix:unused")
@@ -126,6 +129,7 @@ def test_replay_is_saved_with_the_newest_checkpoint_only(tmp_path):
     assert step_dir == old and snapshot.replay is None and snapshot.step == 1
 
 
+@pytest.mark.e2e
 def test_resumed_r2d2_learner_samples_its_first_update_from_the_restored_replay(tmp_path):
     config = _r2d2_config(tmp_path / "run")
     saved = Learner(config, "unix:unused")
@@ -174,6 +178,7 @@ def test_resumed_r2d2_learner_samples_its_first_update_from_the_restored_replay(
     assert set(markers.astype(int)) <= set(range(40))
 
 
+@pytest.mark.e2e
 def test_replay_that_does_not_fit_the_config_is_refused_in_one_line(tmp_path):
     config = _r2d2_config(tmp_path / "run")
     learner = Learner(config, "unix:unused")
@@ -189,6 +194,7 @@ def test_replay_that_does_not_fit_the_config_is_refused_in_one_line(tmp_path):
     assert "--r2d2.checkpoint-replay false" in message
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_before_the_first_sequence_has_no_replay(tmp_path):
     config = _r2d2_config(tmp_path / "run")
     learner = Learner(config, "unix:unused")
@@ -198,6 +204,7 @@ def test_a_checkpoint_before_the_first_sequence_has_no_replay(tmp_path):
     assert snapshot.replay is None
 
 
+@pytest.mark.e2e
 def test_checkpoint_replay_false_saves_no_replay(tmp_path):
     config = _r2d2_config(tmp_path / "run", checkpoint_replay=False)
     learner = Learner(config, "unix:unused")

@@ -23,6 +23,8 @@ from seedq.server.inference import InferenceServer, _Request
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
 
+pytestmark = pytest.mark.unit
+
 L = 5
 FIELDS = {
     "obs": StepFieldSpec((L, 2), np.float32),

@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.unit
 from fake_learner import ScriptedLearner, learner_stats
 
 from seedq.config import TrainConfig

@@ -37,7 +37,7 @@ from seedq import schema
 
 from queue_tap import QueueTap
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 UNROLL_LENGTH = 5
 WAIT_SECONDS = 30.0

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERATED = ("seed_pb2.py", "seed_pb2.pyi", "seed_pb2_grpc.py")
 

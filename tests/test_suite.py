@@ -11,6 +11,7 @@ from seedq.bench import references, suite
 from seedq.config import TrainConfig
 
 
+@pytest.mark.unit
 def test_normalised_score_puts_random_at_0_and_the_reference_at_1():
     assert references.normalised(-86.0, -500.0, -86.0) == pytest.approx(1.0)
     assert references.normalised(-500.0, -500.0, -86.0) == pytest.approx(0.0)
@@ -18,12 +19,14 @@ def test_normalised_score_puts_random_at_0_and_the_reference_at_1():
     assert references.normalised(None, -500.0, -86.0) is None
 
 
+@pytest.mark.unit
 def test_every_reference_has_a_budget_and_a_source():
     for ref in references.SUITE.values():
         assert ref.frames > 0 and ref.source
     assert set(references.DEFAULT_ENVS) <= set(references.SUITE)
 
 
+@pytest.mark.unit
 def test_result_row_counts_only_full_windows_and_the_first_tick_at_the_reference():
     config = suite.run_config(TrainConfig(), "Acrobot-v1", 2, 500_000, "/tmp/out")
     assert (config.target_return, config.max_seconds, config.max_frames) == (None, 0.0, 500_000)
@@ -41,6 +44,7 @@ def test_result_row_counts_only_full_windows_and_the_first_tick_at_the_reference
     assert row["eval_normalised"] == pytest.approx(430 / 414)
 
 
+@pytest.mark.unit
 def test_budget_comes_from_the_table_scaled_or_overridden():
     assert suite.budget("MinAtar/Breakout-v1") == 5_000_000
     assert suite.budget("MinAtar/Breakout-v1", frames_scale=0.1) == 500_000
@@ -49,6 +53,7 @@ def test_budget_comes_from_the_table_scaled_or_overridden():
         suite.budget("MountainCar-v0")
 
 
+@pytest.mark.e2e
 def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_path):
     """Two fresh `seedq train` processes (CartPole, 2000 frames each): the suite's
     files, then a rerun that trains nothing."""
@@ -77,6 +82,7 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert list(csv.DictReader(open(out / "results.csv"))) == rows
 
 
+@pytest.mark.e2e
 def test_suite_refuses_a_single_env_flag(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "bench", "suite", "--env", "CartPole-v1", "--out", str(tmp_path)],

@@ -24,6 +24,7 @@ def seedq(*args, timeout=300):
     )
 
 
+@pytest.mark.e2e
 def test_short_run_writes_run_directory(tmp_path):
     logdir = tmp_path / "run"
     result = seedq(
@@ -45,6 +46,8 @@ def test_short_run_writes_run_directory(tmp_path):
     assert "frames" in result.stdout  # progress lines
 
 
+@pytest.mark.e2e
+@pytest.mark.learning
 def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
     """The default config learns: mean return >= 475 over 100 episodes.
 
@@ -63,6 +66,7 @@ def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
     assert summary["frames_to_target"] <= summary["frames"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -79,6 +83,7 @@ def test_bad_overrides_fail_with_one_clear_line(args, expected):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e
 def test_unknown_env_is_a_clear_error(tmp_path):
     result = seedq("train", "--env", "NoSuchEnv-v0", "--logdir", str(tmp_path / "x"), timeout=120)
     assert result.returncode != 0
@@ -86,6 +91,7 @@ def test_unknown_env_is_a_clear_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e
 def test_print_config_shows_resolved_values():
     result = seedq("train", "--vtrace.entropy-cost", "0.02", "--print-config", timeout=60)
     assert result.returncode == 0, result.stderr
@@ -95,6 +101,7 @@ def test_print_config_shows_resolved_values():
     assert os.path.sep in config["logdir"] or config["logdir"].startswith("runs")
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
     """Ctrl-C in a terminal sends SIGINT to the whole foreground process group."""
     logdir = tmp_path / "interrupted"
@@ -123,6 +130,7 @@ def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
         os.killpg(proc.pid, 0)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("env_id, target", [
     ("CartPole-v1", 475.0), ("Acrobot-v1", -100.0), ("MountainCarContinuous-v0", 90.0),
     ("Pendulum-v1", None), ("MinAtar/Breakout-v1", None), ("dmc:cartpole-swingup", None),
@@ -133,6 +141,7 @@ def test_target_return_defaults_to_the_envs_registered_threshold(env_id, target)
     assert env_defaults(env_id).target_return == target
 
 
+@pytest.mark.unit
 def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
     from seedq import config as config_lib
     from seedq.cli import build_parser
@@ -157,6 +166,7 @@ def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
     assert config_lib.load(str(tmp_path / "config.json")) == config
 
 
+@pytest.mark.e2e
 def test_a_run_without_target_says_so(tmp_path):
     logdir = tmp_path / "pendulum"
     result = seedq(
@@ -173,6 +183,7 @@ def test_a_run_without_target_says_so(tmp_path):
     assert json.loads((logdir / "summary.json").read_text())["target_return"] is None
 
 
+@pytest.mark.e2e
 def test_zero_target_stops_the_run_once_reached(tmp_path):
     """CartPole's return is >= 0 from the first episodes: a target of 0 (a real target,
     not "none") stops the run as soon as 100 episodes are in."""

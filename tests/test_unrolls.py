@@ -11,6 +11,8 @@ from seedq.acting.core import EpisodeTracker
 from seedq.acting.store import UnrollStore
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
+pytestmark = pytest.mark.unit
+
 T = 4  # unroll_length: unrolls hold T+1 = 5 steps
 FIELDS = {
     "obs": StepFieldSpec((3,), np.float32),

@@ -14,6 +14,9 @@ import pytest
 import rlax
 
 from seedq.agents.vtrace import losses
+from seedq.agents.vtrace.networks import Categorical
+
+pytestmark = pytest.mark.unit
 
 T, B, A = 20, 8, 5
 GAMMA = 0.99
@@ -121,6 +124,21 @@ def make_loss_inputs(seed, mask_dtype=np.float32):
 
 def f32(x):
     return jnp.asarray(x, jnp.float32)
+
+
+# The policy-gradient and entropy losses exactly as VTraceAgent.loss composes
+# them: its policy's log-probs and entropies into the masked means of `losses`.
+POLICY = Categorical(A)
+
+
+def agent_pg_loss(logits, actions, advantages, mask):
+    log_pi_a = POLICY.log_prob({"logits": logits}, actions)
+    return losses.policy_gradient_loss_from_log_probs(log_pi_a, advantages, mask)
+
+
+def agent_entropy_loss(logits, mask):
+    return losses.entropy_loss_from_entropy(POLICY.entropy({"logits": logits}), mask)
+
 
 
 # ---------------------------------------------------------------------------
@@ -299,7 +317,7 @@ def test_policy_gradient_loss_gradients():
     d = make_loss_inputs(0)
     logits, actions, adv, mask = (f32(d["logits"]), d["actions"],
                                   f32(d["advantages"]), f32(d["mask"]))
-    g_logits, g_adv = jax.grad(losses.policy_gradient_loss, argnums=(0, 2))(
+    g_logits, g_adv = jax.grad(agent_pg_loss, argnums=(0, 2))(
         logits, actions, adv, mask)
     np.testing.assert_array_equal(g_adv, np.zeros((T, B)))
     assert np.abs(g_logits).max() > 1e-3
@@ -325,7 +343,7 @@ def test_baseline_loss_gradients():
 
 def test_entropy_loss_gradient():
     d = make_loss_inputs(2)
-    g = jax.grad(losses.entropy_loss)(f32(d["logits"]), f32(d["mask"]))
+    g = jax.grad(agent_entropy_loss)(f32(d["logits"]), f32(d["mask"]))
     # d/dz sum_a p log p = p * (log p - sum_a p log p).
     log_p = numpy_log_softmax(d["logits"])
     p = np.exp(log_p)
@@ -353,6 +371,22 @@ def test_categorical_log_prob_matches_numpy():
     np.testing.assert_allclose(jnp.exp(all_lp).sum(-1), 1.0, rtol=1e-5)
 
 
+def test_the_agents_policy_and_entropy_losses_match_rlax():
+    """rlax's per-unroll losses (mean over time) averaged over the batch are the
+    agent's masked sums over T*B."""
+    d = make_loss_inputs(7)
+    logits, actions, adv, mask = f32(d["logits"]), d["actions"], f32(d["advantages"]), f32(d["mask"])
+    # rlax works on one unroll [T, ...]: vmap over the batch axis 1.
+    want_pg = jnp.mean(jax.vmap(rlax.policy_gradient_loss, in_axes=1)(logits, actions, adv, mask))
+    want_entropy = jnp.mean(jax.vmap(rlax.entropy_loss, in_axes=1)(logits, mask))
+    np.testing.assert_allclose(agent_pg_loss(logits, actions, adv, mask), want_pg, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(agent_entropy_loss(logits, mask), want_entropy, rtol=1e-5, atol=1e-7)
+    # Their gradients agree too (rlax also stops the gradient into the advantages).
+    g_ours = jax.grad(agent_pg_loss)(logits, actions, adv, mask)
+    g_rlax = jax.grad(lambda z: jnp.mean(jax.vmap(rlax.policy_gradient_loss, in_axes=1)(z, actions, adv, mask)))(logits)
+    np.testing.assert_allclose(g_ours, g_rlax, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("mask_dtype", [np.float32, np.bool_])
 def test_losses_match_numpy(mask_dtype):
     d = make_loss_inputs(4, mask_dtype)
@@ -365,11 +399,11 @@ def test_losses_match_numpy(mask_dtype):
     want_entropy = (m * (np.exp(log_p) * log_p).sum(-1)).sum() / (T * B)
 
     mask = jnp.asarray(d["mask"])
-    got_pg = losses.policy_gradient_loss(f32(d["logits"]), d["actions"],
+    got_pg = agent_pg_loss(f32(d["logits"]), d["actions"],
                                          f32(d["advantages"]), mask)
     got_baseline = losses.baseline_loss(f32(d["values"]), f32(d["targets"]),
                                         mask)
-    got_entropy = losses.entropy_loss(f32(d["logits"]), mask)
+    got_entropy = agent_entropy_loss(f32(d["logits"]), mask)
     for got, want in [(got_pg, want_pg), (got_baseline, want_baseline),
                       (got_entropy, want_entropy)]:
         assert got.shape == ()
@@ -380,10 +414,10 @@ def test_losses_match_numpy(mask_dtype):
 def _all_losses(d):
     mask = f32(d["mask"])
     return np.array([
-        losses.policy_gradient_loss(f32(d["logits"]), d["actions"],
+        agent_pg_loss(f32(d["logits"]), d["actions"],
                                     f32(d["advantages"]), mask),
         losses.baseline_loss(f32(d["values"]), f32(d["targets"]), mask),
-        losses.entropy_loss(f32(d["logits"]), mask),
+        agent_entropy_loss(f32(d["logits"]), mask),
     ])
 
 
@@ -434,18 +468,18 @@ def test_entropy_of_uniform_policy_is_log_num_actions(num_actions):
     rng = np.random.default_rng(num_actions)
     # Constant logits per step (different constants) give a uniform policy.
     logits = np.broadcast_to(rng.normal(size=(T, B, 1)), (T, B, num_actions))
-    full = losses.entropy_loss(f32(logits), jnp.ones((T, B)))
+    full = agent_entropy_loss(f32(logits), jnp.ones((T, B)))
     np.testing.assert_allclose(full, -np.log(num_actions), rtol=1e-5)
 
     mask = (rng.random((T, B)) < 0.5).astype(np.float32)
-    partial = losses.entropy_loss(f32(logits), f32(mask))
+    partial = agent_entropy_loss(f32(logits), f32(mask))
     np.testing.assert_allclose(partial,
                                -np.log(num_actions) * mask.sum() / (T * B),
                                rtol=1e-5)
     # Any non-uniform policy has lower entropy, i.e. a higher loss.
     peaked = logits.copy()
     peaked[..., 0] += 1.0
-    assert float(losses.entropy_loss(f32(peaked), jnp.ones((T, B)))) > float(
+    assert float(agent_entropy_loss(f32(peaked), jnp.ones((T, B)))) > float(
         full)
 
 
@@ -455,9 +489,9 @@ def test_entropy_loss_ignores_impossible_actions():
     with_inf = logits.copy()
     with_inf[..., -1] = -np.inf  # Action A-1 is never taken.
     mask = jnp.ones((T, B))
-    got = losses.entropy_loss(f32(with_inf), mask)
+    got = agent_entropy_loss(f32(with_inf), mask)
     log_p = numpy_log_softmax(logits[..., :-1])
     want = (np.exp(log_p) * log_p).sum() / (T * B)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    g = jax.grad(losses.entropy_loss)(f32(with_inf), mask)
+    g = jax.grad(agent_entropy_loss)(f32(with_inf), mask)
     assert np.isfinite(np.asarray(g)).all()

@@ -24,7 +24,7 @@ from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 CONFIG = dataclasses.replace(
     TrainConfig(),

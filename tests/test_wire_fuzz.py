@@ -487,11 +487,13 @@ def run_fuzz(strategy, max_examples, body):
     return len(seen)
 
 
+@pytest.mark.unit
 def test_fuzzed_handshakes_are_refused_naming_the_broken_field():
     run_fuzz(broken_handshakes(), 2500,
              lambda case: case.check(lambda: codec.decode_handshake(case.messages[0])))
 
 
+@pytest.mark.unit
 def test_random_handshakes_decode_to_a_sound_spec_or_are_refused():
     def body(message):
         try:
@@ -508,6 +510,7 @@ def test_random_handshakes_decode_to_a_sound_spec_or_are_refused():
     run_fuzz(random_handshakes, 1000, body)
 
 
+@pytest.mark.unit
 def test_fuzzed_step_batches_are_refused_naming_the_broken_field():
     def body(example):
         spec, num_envs, case = example
@@ -516,6 +519,7 @@ def test_fuzzed_step_batches_are_refused_naming_the_broken_field():
     run_fuzz(broken_steps(), 3000, body)
 
 
+@pytest.mark.unit
 def test_random_step_batches_decode_to_valid_steps_or_are_refused():
     spec = EnvSpec("float32", (2,), num_actions=2)
     fields = {f"steps.{n}" for n in ("env_indices", "rewards", "terminated", "truncated", "observations")}
@@ -531,6 +535,7 @@ def test_random_step_batches_decode_to_valid_steps_or_are_refused():
     run_fuzz(random_steps, 1000, body)
 
 
+@pytest.mark.unit
 def test_valid_step_batches_decode_to_what_was_sent():
     @st.composite
     def example(draw):
@@ -560,11 +565,13 @@ def impala_layout() -> UnrollLayout:
     return UnrollLayout(fields, agent.sequence_spec().length, initial_only, 4, CARTPOLE.num_actions)
 
 
+@pytest.mark.unit
 def test_fuzzed_unroll_batches_are_refused_naming_the_broken_field():
     layout = impala_layout()
     run_fuzz(broken_unrolls(layout), 1500, lambda case: case.check(lambda: layout.decode(case.messages[0])))
 
 
+@pytest.mark.unit
 def test_random_unroll_batches_decode_soundly_or_are_refused():
     layout = impala_layout()
 
@@ -693,6 +700,7 @@ def server_seed_cases(draw):
     return [handshake_of(num_envs=num_envs), *case.messages], case.code, case.field, 1
 
 
+@pytest.mark.e2e
 def test_fuzzed_streams_through_a_training_learner(seed_cluster, log_watch):
     """400 generated bad streams, each answered with its status and field, while
     the real actor beside them trains and nothing non-finite reaches training."""
@@ -722,6 +730,7 @@ def test_fuzzed_streams_through_a_training_learner(seed_cluster, log_watch):
     wait_until(lambda: learner.table.num_connected == 1, "the fuzz streams to be released")
 
 
+@pytest.mark.e2e
 def test_oversized_undecodable_and_wrong_rpc_messages(seed_cluster, log_watch):
     learner, address, actor, tap = seed_cluster
     with grpc.insecure_channel(address) as channel:
@@ -780,6 +789,7 @@ def server_impala_cases(draw, layout):
     return [hello, *case.messages], case.code, case.field
 
 
+@pytest.mark.e2e
 def test_fuzzed_pushes_through_an_impala_learner(impala_learner, log_watch):
     learner, address, tap = impala_learner
     store = learner.inference.store
@@ -798,6 +808,7 @@ def test_fuzzed_pushes_through_an_impala_learner(impala_learner, log_watch):
     wait_until(lambda: learner.table.num_connected == 0, "the fuzz streams to be released")
 
 
+@pytest.mark.e2e
 def test_random_bytes_through_both_learners(seed_cluster, impala_learner, log_watch):
     """Arbitrary bytes as the request of each RPC: refused naming a field (or, when
     they happen to parse, answered like the message they parse as); never

@@ -8,7 +8,8 @@ quantized copy. Pixel inputs go through `scale_pixels`, which lets the int8
 path use the exact uint8 values instead of re-quantizing them.
 
 Shapes: torsos map observations [N, *obs_shape] to features [N, F]; heads map
-features to (logits [N, A], value [N]) or Q-values [N, A].
+features to Q-values [N, A] (DuelingHead); V-trace's heads are in
+seedq.agents.vtrace.networks.
 """
 
 from __future__ import annotations
@@ -120,21 +121,6 @@ class ImpalaCNN(nn.Module):
         return nn.relu(nn.Dense(self.dense_size)(x))
 
 
-class PolicyValueHead(nn.Module):
-    """features [N, F] -> (logits [N, A], value [N])."""
-
-    num_actions: int
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        # Named like V-trace's heads: output layers stay fp32 in int8 mode (seedq.quant).
-        logits = nn.Dense(
-            self.num_actions, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
-        )(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(x)
-        return logits, value[..., 0]
-
-
 class DuelingHead(nn.Module):
     """features [N, F] -> Q-values [N, A] = V + A - mean(A) (dueling DQN)."""
 
@@ -193,36 +179,6 @@ ScannedLSTM = nn.scan(
 )
 
 
-class LSTMCore(nn.Module):
-    """One recurrent step: (carry, features [N, F]) -> (new carry, output [N, H]).
-
-    `first` [N] resets the carry to zeros where an episode starts.
-    """
-
-    hidden_size: int = 256
-
-    @nn.compact
-    def __call__(self, carry, x: jax.Array, first: jax.Array):
-        keep = (1.0 - first.astype(x.dtype))[:, None]
-        carry = jax.tree.map(lambda c: c * keep.astype(c.dtype), carry)
-        return nn.LSTMCell(self.hidden_size)(carry, x)
-
-    def initial_state(self, batch_size: int):
-        zeros = jnp.zeros((batch_size, self.hidden_size), jnp.float32)
-        return zeros, zeros
-
-
-class PolicyValueNet(nn.Module):
-    """A torso followed by a policy/value head: obs -> (logits [N, A], value [N])."""
-
-    torso: nn.Module
-    num_actions: int
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return PolicyValueHead(self.num_actions)(self.torso(obs))
-
-
 def choose_network(name: str, obs_shape: Sequence[int]) -> str:
     """The torso for observations [*obs_shape] (after frame stacking): `name`, or
     for "auto" mlp for vectors, small_cnn for images [H, W, C] with a side
@@ -262,12 +218,3 @@ def make_torso(
     if name == "impala_cnn":
         return ImpalaCNN(name=module_name)
     raise ValueError(f"network {name!r}: choose one of {', '.join(NETWORKS)}")
-
-
-def example_obs(name: str, batch_size: int, mlp_input: int = 64) -> np.ndarray:
-    """A zero observation batch of the shape/dtype network `name` is benchmarked with."""
-    if name == "mlp":
-        return np.zeros((batch_size, mlp_input), np.float32)
-    if name == "small_cnn":
-        return np.zeros((batch_size, 10, 10, 4), np.uint8)
-    return np.zeros((batch_size, 84, 84, 4), np.uint8)

@@ -3,7 +3,14 @@
 For every (network, batch size) all requested precisions are compiled first
 and then timed in interleaved rounds (fp32, bf16, int8, fp32, ...), so load
 changes on a shared machine hit every precision alike; the reported time per
-call is the median over rounds (the best round is reported too).
+call is the median over rounds.
+
+The networks are the agents' own (`NETS`): V-trace's policy/value network with
+the MLP, Nature CNN or IMPALA ResNet torso, and R2D2's recurrent Q-network
+(torso -> LSTM -> dueling head), each built by its agent from the default
+config and run for one step of a batch of envs as the server runs it. Atari
+inputs come from the actors' env preprocessing and the learner's frame
+stacking (`seedq.envs`, `seedq.agents.frames`).
 
 int8 runs as the learner runs it: each layer in int8 only at the batch sizes
 where int8 timed faster than fp32 for it (the per-layer plan of
@@ -12,8 +19,9 @@ quantizable layer with `--quant.force-int8`); each int8 row reports the share
 of the network's multiply-accumulates that ran in int8.
 
 Accuracy is measured per (network, precision, set of int8 layers) on a fixed
-evaluation set (real Atari frames for the CNNs, Gaussian vectors for the MLP)
-against fp32:
+evaluation set (real Atari frames for the CNNs, Gaussian vectors for the MLPs)
+against fp32, on the scores the greedy action is taken from (V-trace's
+logits, R2D2's Q-values):
   * max_rel_logit_error = max over states and actions of |l_p - l_fp32|,
     divided by the largest |l_fp32| in the set
   * argmax_agreement = fraction of states whose greedy action equals fp32's.
@@ -25,6 +33,7 @@ explains a network whose int8 speed-up is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -34,174 +43,89 @@ import jax.numpy as jnp
 import numpy as np
 
 from seedq import quant
-from seedq.agents import networks
 from seedq.quant import layers as qlayers
 from seedq.quant import quantize as quant_lib
 
 DEFAULT_ATARI_ENV = "ALE/Pong-v5"
+# The benchmarked networks, each the one an agent builds from its default config:
+# V-trace's policy/value network with each torso, R2D2's recurrent Q-network.
+NETS = ("mlp", "nature_cnn", "impala_cnn", "r2d2_mlp", "r2d2_nature_cnn")
 
 
-def _area_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """[n_out, n_in] weights averaging each output cell's input interval (area resampling)."""
-    edges = np.arange(n_out + 1) * (n_in / n_out)
-    m = np.zeros((n_out, n_in))
-    for o in range(n_out):
-        lo, hi = edges[o], edges[o + 1]
-        for i in range(int(np.floor(lo)), int(np.ceil(hi))):
-            m[o, i] = min(hi, i + 1) - max(lo, i)
-    return m / (n_in / n_out)
+def collect_atari_frames(n: int, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0, stack: int = 4) -> np.ndarray:
+    """`n` network inputs [n, 84, 84, stack] uint8 from uniformly random play, as the
+    learner sees them: the actors' preprocessing (`seedq.envs.make_vector_env`) and
+    the learner's frame stacking (`seedq.agents.frames.FrameStacker`)."""
+    from seedq.agents.frames import FrameStacker
+    from seedq.envs import make_vector_env
 
-
-class AtariFrames:
-    """DQN-style preprocessing without OpenCV: 4-frame action repeat, max over the
-    last two raw frames, grey, area-resized to 84x84, last 4 results stacked
-    channels-last -> [84, 84, 4] uint8."""
-
-    def __init__(self, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0, frame_skip: int = 4,
-                 size: int = 84, stack: int = 4, noop_max: int = 30):
-        import ale_py
-        import gymnasium as gym
-
-        gym.register_envs(ale_py)
-        self.env = gym.make(env_id, obs_type="grayscale", frameskip=1)
-        self.frame_skip, self.stack, self.noop_max = frame_skip, stack, noop_max
-        h, w = self.env.observation_space.shape
-        self._rows, self._cols = _area_matrix(h, size), _area_matrix(w, size).T
-        self.rng = np.random.default_rng(seed)
-        self.seed = seed
-        self.num_actions = int(self.env.action_space.n)
-        self._frames: list[np.ndarray] = []
-
-    def _process(self, raw: np.ndarray) -> np.ndarray:
-        small = self._rows @ raw.astype(np.float64) @ self._cols
-        return np.clip(np.rint(small), 0, 255).astype(np.uint8)
-
-    def reset(self) -> np.ndarray:
-        raw, _ = self.env.reset(seed=int(self.rng.integers(2**31)))
-        for _ in range(int(self.rng.integers(self.noop_max + 1))):
-            raw, _, terminated, truncated, _ = self.env.step(0)
-            if terminated or truncated:
-                raw, _ = self.env.reset()
-        self._frames = [self._process(raw)] * self.stack
-        return self.observation()
-
-    def observation(self) -> np.ndarray:
-        return np.stack(self._frames[-self.stack:], axis=-1)
-
-    def step(self, action: int) -> tuple[np.ndarray, bool]:
-        """Returns (stacked observation, episode over)."""
-        last = []
-        done = False
-        for _ in range(self.frame_skip):
-            raw, _, terminated, truncated, _ = self.env.step(action)
-            last = (last + [raw])[-2:]
-            if terminated or truncated:
-                done = True
-                break
-        self._frames = (self._frames + [self._process(np.maximum.reduce(last))])[-self.stack:]
-        return self.observation(), done
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def collect_atari_frames(n: int, env_id: str = DEFAULT_ATARI_ENV, seed: int = 0) -> np.ndarray:
-    """`n` preprocessed Atari states [n, 84, 84, 4] uint8 from uniformly random play."""
-    env = AtariFrames(env_id, seed)
-    obs = env.reset()
+    env = make_vector_env(env_id, 1, seed=seed)
+    stacker = FrameStacker(stack, env.single_observation_space.shape)
+    act = jax.jit(stacker.act)
+    core = stacker.initial_core_state(1)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    first = np.ones(1, bool)
     states = []
     while len(states) < n:
-        obs, done = env.step(int(env.rng.integers(env.num_actions)))
-        states.append(obs)
-        if done:
-            obs = env.reset()
+        stacked, core = act(core, obs, first)
+        states.append(np.asarray(stacked[0]))
+        obs, _, terminated, truncated, _ = env.step(rng.integers(0, env.single_action_space.n, 1))
+        first = terminated | truncated
     env.close()
     return np.stack(states)
 
 
-def policy_states(greedy_logits, env_id: str, mode: str, *, steps: int, num_envs: int,
-                  seed: int) -> np.ndarray:
-    """Observations visited by a policy: "greedy" (argmax), "sample" (softmax, the
-    behaviour policy the server runs) or "eps" (greedy with 20% random actions)."""
-    from seedq.envs import make_vector_env
+class AgentNet:
+    """An agent's network as the server runs it for one step of N envs:
+    `scores(outputs)` picks the greedy-action scores [N, A] (V-trace's logits,
+    R2D2's Q-values) from the module's outputs."""
 
-    env = make_vector_env(env_id, num_envs)
-    obs, _ = env.reset(seed=seed)
-    rng = np.random.default_rng(seed)
-    states = []
-    for _ in range(steps):
-        obs = np.asarray(obs, np.float32)
-        states.append(obs)
-        logits = np.asarray(greedy_logits(obs), np.float64)
-        if mode == "greedy":
-            actions = logits.argmax(-1)
-        elif mode == "sample":
-            p = np.exp(logits - logits.max(-1, keepdims=True))
-            p /= p.sum(-1, keepdims=True)
-            actions = (p.cumsum(-1) > rng.random((num_envs, 1))).argmax(-1)
-        elif mode == "eps":
-            actions = np.where(rng.random(num_envs) < 0.2,
-                               rng.integers(0, logits.shape[-1], num_envs), logits.argmax(-1))
-        else:
-            raise ValueError(f"mode {mode!r}")
-        obs, *_ = env.step(actions)
-    env.close()
-    return np.concatenate(states)
+    def __init__(self, module, recurrent_q: bool):
+        self.module = module
+        self.recurrent_q = recurrent_q
+
+    def inputs(self, obs, first=None, carry=None) -> tuple:
+        """The module's time-major inputs for one step: (obs [1, N, ...], first [1, N], carry)."""
+        n = obs.shape[0]
+        first = jnp.zeros((n,), bool) if first is None else first
+        carry = self.module.initial_carry(n) if carry is None else carry
+        return obs[None], first[None], carry
+
+    def scores(self, outputs) -> jax.Array:
+        return outputs[0][0] if self.recurrent_q else outputs[0]["logits"][0]
+
+    @staticmethod
+    def carry(outputs):
+        return outputs[-1]
 
 
-def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 16, seed: int = 0,
-                             modes=("greedy", "sample", "eps")) -> dict:
-    """Greedy-action agreement of bf16/int8 with fp32 for the V-trace policy in a run directory.
-
-    States come from rolling out the fp32 policy in each `mode`. Also reports
-    the share of states whose fp32 logit gap (best - second best) is below
-    0.01 / 0.05, where a tiny logit error already flips the greedy action.
-    """
+def agent_net(name: str, num_actions: int, *, mlp_hidden=(256, 256, 256), mlp_input: int = 64) -> AgentNet:
+    """The production network called `name` (NETS), built by its agent from the
+    agent's default config (V-trace nets: `mlp_hidden` for the MLP torso)."""
     from seedq import config as config_lib
-    from seedq import checkpoint
+    from seedq.schema import EnvSpec
+
+    if name not in NETS:
+        raise ValueError(f"network {name!r}: choose from {', '.join(NETS)}")
+    r2d2 = name.startswith("r2d2_")
+    torso = name.removeprefix("r2d2_")
+    spec = (EnvSpec("float32", (mlp_input,), num_actions=num_actions) if torso == "mlp"
+            else EnvSpec("uint8", (84, 84), num_actions=num_actions))  # frames, stacked 4 by the agent
+    if r2d2:
+        from seedq.agents.r2d2.agent import R2D2Agent
+
+        config = dataclasses.replace(config_lib.R2D2Config(), network=torso)
+        return AgentNet(R2D2Agent(spec, config, num_envs=config.eval_envs + 1).network, recurrent_q=True)
     from seedq.agents.vtrace.agent import VTraceAgent
-    from seedq.envs import env_spec
-    from seedq.quant.mode import InferencePrecision
 
-    cfg = config_lib.load(os.path.join(run_dir, "config.json"))
-    spec = env_spec(cfg.env)
-    agent = VTraceAgent(spec, cfg.vtrace, frame_stack=cfg.frame_stack)
-    like = agent.init(jax.random.PRNGKey(0))
-    snapshot, step_dir = checkpoint.restore(run_dir, like, jax.random.PRNGKey(0), env=cfg.env)
-    net = agent.network
-    forward = {}
-    for p in quant.PRECISIONS:
-        mode = InferencePrecision(agent, spec, p)
-        published = mode.publish(agent.inference_params(snapshot.state))
-        # One time step of a feed-forward policy: obs [N, D] -> logits [N, A].
-        forward[p] = jax.jit(lambda o, p=p, published=published: quant.apply(
-            net, published, p, o[None], jnp.zeros((1, len(o)), bool), None)[0]["logits"][0])
-    out = {"run_dir": run_dir, "checkpoint": step_dir, "env": cfg.env, "modes": {}}
-    for mode in modes:
-        states = policy_states(forward["fp32"], cfg.env, mode, steps=steps, num_envs=num_envs, seed=seed)
-        ref = np.asarray(forward["fp32"](states))
-        top2 = np.sort(ref, axis=-1)[:, -2:]
-        gap = top2[:, 1] - top2[:, 0]
-        row = {"states": int(len(states)),
-               "gap_below_0.01": float(np.mean(gap < 0.01)),
-               "gap_below_0.05": float(np.mean(gap < 0.05))}
-        for p in ("bf16", "int8"):
-            logits = np.asarray(forward[p](states))
-            same = logits.argmax(-1) == ref.argmax(-1)
-            row[p] = {"argmax_agreement": float(np.mean(same)),
-                      "agreement_gap_above_0.05": float(np.mean(same[gap >= 0.05])),
-                      **accuracy(ref, logits)}
-        out["modes"][mode] = row
-    return out
-
-
-def make_net(name: str, num_actions: int, mlp_hidden=(256, 256, 256)):
-    return networks.PolicyValueNet(networks.make_torso(name, mlp_hidden), num_actions)
+    config = dataclasses.replace(config_lib.VTraceConfig(), network=torso, hidden_sizes=tuple(mlp_hidden))
+    return AgentNet(VTraceAgent(spec, config).network, recurrent_q=False)
 
 
 def eval_inputs(name: str, n: int, *, frames: str, seed: int, mlp_input: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if name == "mlp":
+    if name.endswith("mlp"):
         return rng.standard_normal((n, mlp_input)).astype(np.float32)
     if frames == "atari":
         return collect_atari_frames(n, seed=seed)
@@ -209,7 +133,8 @@ def eval_inputs(name: str, n: int, *, frames: str, seed: int, mlp_input: int) ->
 
 
 class NetBench:
-    """One network at every precision: published params and jitted forward passes.
+    """One production network at every precision: published params and jitted
+    forward passes (one step of a batch of envs, fresh recurrent state).
 
     int8 runs as the server runs it: with the per-layer plan measured at
     `batches` (`seedq.quant.plan`; every quantizable layer with `force_int8`),
@@ -219,9 +144,11 @@ class NetBench:
     def __init__(self, name: str, precisions, *, num_actions: int, seed: int, example: np.ndarray,
                  mlp_hidden=(256, 256, 256), batches=(), force_int8: bool = False):
         self.name = name
-        self.net = make_net(name, num_actions, mlp_hidden)
-        self.params = self.net.init(jax.random.PRNGKey(seed), example[:1])
-        self.layers = quant.find_layers(self.net, example[:1])
+        self.agent_net = agent_net(name, num_actions, mlp_hidden=mlp_hidden, mlp_input=example.shape[-1])
+        self.net = self.agent_net.module
+        inputs = self.agent_net.inputs(jnp.asarray(example[:1]))
+        self.params = self.net.init(jax.random.PRNGKey(seed), *inputs)
+        self.layers = quant.find_layers(self.net, *inputs)
         paths = quant.quantizable_paths(self.layers)
         self.plan = None
         if "int8" in precisions and batches:
@@ -229,8 +156,9 @@ class NetBench:
             paths = self.plan.publish_layers()
         self.published = {p: quant.publish(self.params, p, paths) for p in precisions}
         self.forward = {
-            p: jax.jit(lambda params, obs, int8_layers=None, p=p: quant.apply(
-                self.net, params, p, obs, int8_layers=int8_layers), static_argnames="int8_layers")
+            p: jax.jit(lambda params, obs, int8_layers=None, p=p: self.agent_net.scores(quant.apply(
+                self.net, params, p, *self.agent_net.inputs(obs), int8_layers=int8_layers)),
+                static_argnames="int8_layers")
             for p in precisions
         }
 
@@ -243,10 +171,119 @@ class NetBench:
         return self.forward[precision](self.published[precision], obs, int8_layers=layers)
 
     def logits(self, precision: str, obs: np.ndarray, batch: int | None = None) -> np.ndarray:
-        """Logits with the int8 layers of `batch` (the largest planned one by default)."""
+        """Greedy-action scores [N, A] with the int8 layers of `batch` (the largest planned one by default)."""
         if batch is None and self.plan is not None:
             batch = max(self.plan.int8)
-        return np.asarray(self.call(precision, obs, batch)[0])
+        return np.asarray(self.call(precision, obs, batch))
+
+
+# --- agreement on a trained policy ----------------------------------------------------
+
+
+def rollout_scores(steps_fns: dict, env_id: str, mode: str, *, steps: int, num_envs: int, seed: int,
+                   env_options=None) -> dict[str, np.ndarray]:
+    """Greedy-action scores [steps * num_envs, A] of each precision's policy along one
+    rollout driven by the fp32 policy: "greedy" (argmax), "sample" (softmax of the
+    logits, V-trace's behaviour policy) or "eps" (greedy with 20 % random actions,
+    like R2D2's exploration). `steps_fns[p](obs, first, carry) -> (scores, carry)`;
+    each precision keeps its own recurrent state along the same observations, as it
+    would serving them."""
+    from seedq.envs import make_vector_env
+
+    env = make_vector_env(env_id, num_envs, **({"options": env_options} if env_options else {}))
+    obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    first = np.ones(num_envs, bool)
+    carries = {p: None for p in steps_fns}
+    scores: dict[str, list] = {p: [] for p in steps_fns}
+    for _ in range(steps):
+        obs = np.asarray(obs, np.float32)
+        for p, step in steps_fns.items():
+            out, carries[p] = step(obs, first, carries[p])
+            scores[p].append(np.asarray(out, np.float64))
+        ref = scores["fp32"][-1]
+        if mode == "greedy":
+            actions = ref.argmax(-1)
+        elif mode == "sample":
+            prob = np.exp(ref - ref.max(-1, keepdims=True))
+            prob /= prob.sum(-1, keepdims=True)
+            actions = (prob.cumsum(-1) > rng.random((num_envs, 1))).argmax(-1)
+        elif mode == "eps":
+            actions = np.where(rng.random(num_envs) < 0.2,
+                               rng.integers(0, ref.shape[-1], num_envs), ref.argmax(-1))
+        else:
+            raise ValueError(f"mode {mode!r}: choose greedy, sample or eps")
+        obs, _, terminated, truncated, _ = env.step(actions)
+        first = np.asarray(terminated | truncated)  # next-step autoreset: the next obs starts an episode
+    env.close()
+    return {p: np.concatenate(s) for p, s in scores.items()}
+
+
+def _step_fn(net: AgentNet, published, precision: str):
+    @jax.jit
+    def step(obs, first, carry):
+        outputs = quant.apply(net.module, published, precision, *net.inputs(obs, first, carry))
+        return net.scores(outputs), net.carry(outputs)
+
+    return lambda obs, first, carry: step(obs, first, carry if carry is not None else
+                                          net.module.initial_carry(len(obs)))
+
+
+def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 16, seed: int = 0,
+                             modes=None) -> dict:
+    """Greedy-action agreement of bf16/int8 with fp32 for the trained policy (V-trace
+    or R2D2) in a run directory.
+
+    States come from rolling out the fp32 policy in each `mode` (default: greedy,
+    sample, eps for V-trace; greedy, eps for R2D2, whose behaviour is ε-greedy).
+    Both agents publish through the server's precision mode
+    (`seedq.quant.mode.InferencePrecision`) with every quantizable layer in
+    int8 (R2D2: the LSTM gates and all four dueling-head layers; only layers
+    fed the float observation, and V-trace's `policy`/`value` outputs, stay
+    fp32), listed under "int8_layers". Also reports the share of states whose
+    fp32 score gap (best - second best) is below 0.01 / 0.05, where a tiny
+    error already flips the greedy action.
+    """
+    from seedq import checkpoint
+    from seedq import config as config_lib
+    from seedq.agents import make_agent
+    from seedq.envs import env_spec
+    from seedq.quant.mode import InferencePrecision
+
+    config_path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(config_path):  # ValueError: the CLI prints it as one line
+        raise ValueError(f"--policy-run {run_dir}: not a seedq run directory (no config.json)")
+    cfg = config_lib.load(config_path)
+    spec = env_spec(cfg.env, cfg.env_options)
+    agent = make_agent(cfg, spec)
+    like = agent.init(jax.random.PRNGKey(0))
+    snapshot, step_dir = checkpoint.restore(run_dir, like, jax.random.PRNGKey(0), env=cfg.env)
+    params = agent.inference_params(snapshot.state)
+    precisions = {p: InferencePrecision(agent, spec, p) for p in quant.PRECISIONS}
+    published = {p: mode.publish(params) for p, mode in precisions.items()}
+    paths = quant.quantizable_paths(precisions["int8"].layers)
+    net = AgentNet(agent.network, recurrent_q=cfg.agent == "r2d2")
+    # R2D2's behaviour is epsilon-greedy; V-trace's samples its softmax.
+    modes = modes or (("greedy", "eps") if cfg.agent == "r2d2" else ("greedy", "sample", "eps"))
+    steps_fns = {p: _step_fn(net, published[p], p) for p in quant.PRECISIONS}
+    out = {"run_dir": run_dir, "checkpoint": step_dir, "env": cfg.env, "agent": cfg.agent, "modes": {}}
+    out["int8_layers"] = sorted("/".join(path) for path in paths)
+    for mode in modes:
+        scores = rollout_scores(steps_fns, cfg.env, mode, steps=steps, num_envs=num_envs, seed=seed,
+                                env_options=cfg.env_options)
+        ref = scores["fp32"]
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        gap = top2[:, 1] - top2[:, 0]
+        row = {"states": int(len(ref)),
+               "gap_below_0.01": float(np.mean(gap < 0.01)),
+               "gap_below_0.05": float(np.mean(gap < 0.05))}
+        for p in ("bf16", "int8"):
+            same = scores[p].argmax(-1) == ref.argmax(-1)
+            row[p] = {"argmax_agreement": float(np.mean(same)),
+                      "agreement_gap_above_0.05": float(np.mean(same[gap >= 0.05])) if np.any(gap >= 0.05) else None,
+                      **accuracy(ref, scores[p])}
+        out["modes"][mode] = row
+    return out
 
 
 def accuracy(reference: np.ndarray, logits: np.ndarray) -> dict:
@@ -265,27 +302,12 @@ def accuracy(reference: np.ndarray, logits: np.ndarray) -> dict:
     }
 
 
-def time_side_by_side(fns: dict, rounds: int, budget_s: float) -> dict[str, dict]:
-    """Median and best seconds per call of each compiled zero-argument function, interleaved."""
-    single = {}
-    for name, f in fns.items():
-        jax.block_until_ready(f())  # warm
-        started = time.perf_counter()
-        jax.block_until_ready(f())
-        single[name] = max(time.perf_counter() - started, 1e-6)
-    calls = {name: max(1, int(budget_s / rounds / len(fns) / t)) for name, t in single.items()}
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, f in fns.items():
-            started = time.perf_counter()
-            for _ in range(calls[name]):
-                out = f()
-            jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - started) / calls[name])
-    return {
-        name: {"median_s": statistics.median(s), "best_s": min(s), "calls_per_round": calls[name]}
-        for name, s in samples.items()
-    }
+def time_side_by_side(fns: dict, rounds: int, budget_s: float) -> dict[str, float]:
+    """Median seconds per call of each zero-argument function, timed in interleaved
+    rounds by the one timing helper (`seedq.quant.layers.time_interleaved`)."""
+    for f in fns.values():
+        jax.block_until_ready(f())  # compiled before the first timed call
+    return qlayers.time_interleaved(fns, (), budget_s, rounds=rounds, statistic=statistics.median)
 
 
 def _layer_params(tree: dict, path: tuple[str, ...]) -> dict:
@@ -333,7 +355,7 @@ def profile_layers(bench: NetBench, batch: int, precisions, *, rounds: int, budg
             "input": list(shape),
             "input_dtype": str(layer.input.dtype) if not layer.pixels else "uint8 (pixels)",
             "kernel": list(kernel),
-            "ms": {k: v["median_s"] * 1e3 for k, v in timing.items()},
+            "ms": {k: v * 1e3 for k, v in timing.items()},
         }
         if layer.kind == "conv" and "int8" in precisions and layer.quantizable:
             row["int8_auto_impl"] = qlayers.auto_conv_impl(layer, batch, kernel)
@@ -367,8 +389,8 @@ def run(
             raise ValueError(f"precision {p!r}: choose from {', '.join(quant.PRECISIONS)}")
     results, accuracy_rows, profile_rows, plans = [], [], [], {}
     for name in nets:
-        if name not in networks.NETWORKS:
-            raise ValueError(f"network {name!r}: choose from {', '.join(networks.NETWORKS)}")
+        if name not in NETS:
+            raise ValueError(f"network {name!r}: choose from {', '.join(NETS)}")
         states = eval_inputs(name, eval_states, frames=frames, seed=seed, mlp_input=mlp_input)
         started = time.perf_counter()
         bench = NetBench(name, precisions, num_actions=num_actions, seed=seed, example=states,
@@ -394,7 +416,7 @@ def run(
             obs = jnp.asarray(np.resize(states, (batch,) + states.shape[1:]))
             fns = {p: (lambda p=p: bench.call(p, obs, batch)) for p in precisions}
             timing = time_side_by_side(fns, rounds, budget_s)
-            base = timing["fp32"]["median_s"]
+            base = timing["fp32"]
             for p in precisions:
                 t = timing[p]
                 acc = accuracy_of(p, batch)
@@ -403,10 +425,9 @@ def run(
                     "net": name,
                     "batch": batch,
                     "precision": p,
-                    "ms_per_call": t["median_s"] * 1e3,
-                    "best_ms_per_call": t["best_s"] * 1e3,
-                    "samples_per_second": batch / t["median_s"],
-                    "ratio_to_fp32": base / t["median_s"],
+                    "ms_per_call": t * 1e3,
+                    "samples_per_second": batch / t,
+                    "ratio_to_fp32": base / t,
                     "max_rel_logit_error": acc["max_rel_logit_error"],
                     "argmax_agreement": acc["argmax_agreement"],
                     "int8_mac_share": share,

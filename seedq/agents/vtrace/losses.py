@@ -149,28 +149,6 @@ def _masked_mean(x: Array, mask: Array) -> Array:
     return jnp.sum(x * mask.astype(x.dtype)) / x.size
 
 
-def policy_gradient_loss(
-    logits: Array,
-    actions: Array,
-    advantages: Array,
-    mask: Array,
-) -> Array:
-    """Policy-gradient loss of a softmax policy: -sum(mask * log pi(a|x) * advantages) / (T*B).
-
-    Args:
-      logits: policy logits, [T, B, A].
-      actions: actions taken, integer [T, B].
-      advantages: e.g. `VTraceOutput.pg_advantages`, [T, B].
-      mask: 1 (or True) where a step counts, 0 where it does not, [T, B].
-
-    Returns:
-      scalar loss.
-    """
-    chex.assert_rank([logits, actions, advantages, mask], [3, 2, 2, 2])
-    chex.assert_equal_shape([actions, advantages, mask])
-    return policy_gradient_loss_from_log_probs(categorical_log_prob(logits, actions), advantages, mask)
-
-
 def policy_gradient_loss_from_log_probs(log_pi_a: Array, advantages: Array, mask: Array) -> Array:
     """-sum(mask * log_pi_a * advantages) / (T*B), for any policy distribution.
 
@@ -229,26 +207,3 @@ def baseline_loss(values: Array, targets: Array, mask: Array) -> Array:
     # Values regress towards fixed targets; no gradient goes into the targets.
     errors = jax.lax.stop_gradient(targets) - values
     return _masked_mean(0.5 * jnp.square(errors), mask)
-
-
-def entropy_loss(logits: Array, mask: Array) -> Array:
-    """Negative policy entropy: sum(mask * sum_a pi log pi) / (T*B).
-
-    Minimising this loss increases the entropy of the softmax policy.
-
-    Args:
-      logits: policy logits, [T, B, A].
-      mask: 1 (or True) where a step counts, 0 where it does not, [T, B].
-
-    Returns:
-      scalar loss.
-    """
-    chex.assert_rank([logits, mask], [3, 2])
-    chex.assert_equal_shape_prefix([logits, mask], 2)
-    log_pi = jax.nn.log_softmax(logits, axis=-1)
-    pi = jnp.exp(log_pi)
-    # Actions with -inf logits (pi = 0) must contribute 0, not 0 * -inf = nan;
-    # zeroing log_pi (not the product) keeps the gradient finite as well.
-    safe_log_pi = jnp.where(pi > 0, log_pi, 0.0)
-    neg_entropy = jnp.sum(pi * safe_log_pi, axis=-1)
-    return _masked_mean(neg_entropy, mask)

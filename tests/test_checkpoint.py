@@ -1,0 +1,110 @@
+"""Checkpoints whose parameter layout no longer fits the code: `seedq train --resume`
+and `seedq eval` fail with one line that says so and which seedq wrote it.
+
+The checkpoints are real ones (orbax, `CheckpointWriter`) of a real agent's
+state. "The code changed since" is made by writing the parameters of one
+layout (hidden sizes 64, 64) under a saved config whose layout differs
+(hidden size 32): resuming or evaluating rebuilds the network from the saved
+config, exactly as it would after a code change, and finds other shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import pytest
+
+import seedq
+from seedq import cli
+from seedq import config as config_lib
+from seedq.envs import env_spec
+from seedq import checkpoint
+from seedq.learner.learner import make_agent
+
+pytestmark = pytest.mark.unit
+
+
+def _write_run(run: pathlib.Path, *, saved_hidden: tuple[int, ...], trained_hidden: tuple[int, ...]) -> str:
+    """A run directory whose checkpoint holds parameters of `trained_hidden` while
+    its config (config.json and the checkpoint's meta) says `saved_hidden`."""
+    base = config_lib.defaults_for(False, 475.0)
+    trained = dataclasses.replace(base, env="CartPole-v1", vtrace=dataclasses.replace(
+        base.vtrace, hidden_sizes=trained_hidden))
+    saved = dataclasses.replace(trained, logdir=str(run), vtrace=dataclasses.replace(
+        trained.vtrace, hidden_sizes=saved_hidden))
+    state = make_agent(trained, env_spec("CartPole-v1")).init(jax.random.PRNGKey(0))
+    run.mkdir()
+    config_lib.save(saved, str(run / "config.json"))
+    writer = checkpoint.CheckpointWriter(str(run), keep=1)
+    counters = {"train_steps": 3, "trained_frames": 0, "frames": 100, "episodes": 1,
+                "policy_version": 3, "elapsed_seconds": 1.0}
+    step_dir = writer.save(checkpoint.Snapshot(
+        state=jax.device_get(state), rng=jax.random.PRNGKey(1), counters=counters,
+        episode_window={"returns": [10.0], "lengths": [10]}, target={},
+        config=config_lib.to_dict(saved)), wait=True)
+    writer.close()
+    return step_dir
+
+
+def _cli(args, capsys):
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def _meta_file(step_dir: str) -> pathlib.Path:
+    files = [p for p in (pathlib.Path(step_dir) / "meta").iterdir() if p.is_file()]
+    (meta,) = [p for p in files if "counters" in p.read_text()]
+    return meta
+
+
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_a_checkpoint_of_another_layout_is_one_line_naming_the_seedq_that_wrote_it(command, tmp_path, capsys):
+    run = tmp_path / "run"
+    step_dir = _write_run(run, saved_hidden=(32,), trained_hidden=(64, 64))
+    assert json.loads(_meta_file(step_dir).read_text())["seedq_version"] == seedq.__version__
+    args = ["eval", run] if command == "eval" else ["train", "--resume", run, "--max-frames", "10"]
+    code, err = _cli(args, capsys)
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"written by seedq {seedq.__version__}" in err, err
+    assert "is incompatible with this config (CartPole-v1)" in err, err
+    # The first differing array, with both layouts.
+    assert "MLPTorso_0/Dense_0/bias is float32[64] in the checkpoint, float32[32] in this config" in err, err
+    assert "parameter layout" in err, err
+    assert not (run / "summary.json").exists()  # nothing started
+
+
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_a_checkpoint_from_before_the_version_was_recorded_says_an_older_seedq(command, tmp_path, capsys):
+    run = tmp_path / "run"
+    step_dir = _write_run(run, saved_hidden=(32,), trained_hidden=(64, 64))
+    meta_file = _meta_file(step_dir)
+    meta = json.loads(meta_file.read_text())
+    del meta["seedq_version"]  # as checkpoints written before it was stored
+    meta_file.write_text(json.dumps(meta))
+    args = ["eval", run] if command == "eval" else ["train", "--resume", run, "--max-frames", "10"]
+    code, err = _cli(args, capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "written by an older seedq" in err, err
+
+
+def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(tmp_path):
+    run = tmp_path / "run"
+    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64))
+    config = config_lib.load(str(run / "config.json"))
+    agent = make_agent(config, env_spec("CartPole-v1"))
+    like = agent.init(jax.random.PRNGKey(5))
+    snapshot, restored_from = checkpoint.restore(str(run), like, jax.random.PRNGKey(0), env="CartPole-v1")
+    assert restored_from == step_dir and snapshot.step == 3
+    assert checkpoint.written_by(checkpoint.read_meta(str(run))[0]) == f"seedq {seedq.__version__}"
+
+    meta_file = _meta_file(step_dir)
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "format_version": 99}))
+    with pytest.raises(checkpoint.CheckpointError, match=r"format 99 \(written by seedq .*\) is not the supported"):
+        checkpoint.read_meta(str(run))
