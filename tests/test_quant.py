@@ -95,8 +95,8 @@ def _net(name) -> _Net:
 
 @pytest.mark.unit
 def test_every_precision_the_config_accepts_runs_and_the_rest_are_refused_by_both():
-    """The config's precision check and the quantizer's are separate lists: what one
-    accepts the other must run, and both refuse anything else."""
+    """What the config accepts the quantizer runs, and both refuse anything else
+    (the list itself is one: seedq.config.PRECISIONS)."""
     net = nn.Dense(3)
     x = RNG.standard_normal((2, 4)).astype(np.float32)
     params = net.init(jax.random.PRNGKey(0), x)

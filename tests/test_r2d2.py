@@ -24,10 +24,11 @@ from seedq.envs import env_spec, make_vector_env
 from seedq.envs.partially_observable import CARTPOLE_NO_VELOCITY
 from seedq.learner.events import read_scalars
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import InferenceServer, _Request
+from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
 from seedq import schema
+from serving import serve
 
 EPS = 1e-3
 SPEC = env_spec("CartPole-v1")
@@ -382,7 +383,7 @@ def test_eval_envs_act_but_are_not_stored():
         obs[:, 0] = np.arange(4)  # env index marker
         steps = codec.Steps(np.arange(4, dtype=np.int32), np.zeros(4, np.float32), np.zeros(4, bool),
                             np.zeros(4, bool), obs)
-        actions, _, unrolls = server._infer([_Request(entry, steps, None)])
+        actions, _, unrolls = serve(server, entry, steps)
         assert actions.shape == (4,)
         if unrolls is not None:
             queue.put(unrolls)

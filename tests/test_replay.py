@@ -19,9 +19,10 @@ from seedq.envs import env_spec
 from seedq.replay.prioritized import PrioritizedBatches, PrioritizedReplay
 from seedq.replay.sum_tree import SumTree
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.server.inference import InferenceServer, _Request
+from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
+from serving import serve
 
 pytestmark = pytest.mark.unit
 
@@ -305,7 +306,7 @@ def test_actor_restart_never_puts_a_partial_sequence_into_replay():
 
     def run(entry, marker, steps):
         for t in range(steps):
-            _, _, unrolls = server._infer([_Request(entry, _steps(entry.num_envs, marker, t), None)])
+            _, _, unrolls = serve(server, entry, _steps(entry.num_envs, marker, t))
             if unrolls is not None:
                 queue.put(unrolls)
 

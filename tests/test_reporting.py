@@ -215,10 +215,10 @@ def test_learner_stats_before_any_actor(learner):
 def test_learner_stats_interval_figures_cover_only_what_came_after_the_mark(learner):
     timings = learner.inference.stats
     for _ in range(100):
-        timings.record_latency(0.5)  # before the mark: left out
+        timings.latencies.record(0.5)  # before the mark: left out
     mark = learner.stats()
     for ms in (1, 2, 3, 40):
-        timings.record_latency(ms / 1e3)
+        timings.latencies.record(ms / 1e3)
     learner.episodes.add(np.array([10.0, 20.0]), np.array([10, 30]), 30)
     s = learner.stats(since=mark)
     assert s.latency_p50_seconds == pytest.approx(0.0025) and s.latency_p99_seconds == pytest.approx(0.03889)

@@ -21,6 +21,7 @@ from seedq.config import VTraceConfig
 from seedq.schema import EnvSpec
 from seedq import schema
 from seedq.quant.mode import InferencePrecision
+from serving import serve
 
 CARTPOLE = EnvSpec("float32", (4,), num_actions=2)
 SWINGUP = EnvSpec("float32", (5,), action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -252,7 +253,7 @@ def test_unsupported_action_spaces_are_refused():
 @pytest.mark.unit
 def test_server_clips_training_rewards_but_books_unclipped_returns():
     from seedq.server.env_table import EnvTable, EpisodeLog
-    from seedq.server.inference import InferenceServer, _Request
+    from seedq.server.inference import InferenceServer
     from seedq.server.unrolls import UnrollQueue
     from seedq.wire import codec
 
@@ -270,7 +271,7 @@ def test_server_clips_training_rewards_but_books_unclipped_returns():
         done = np.array([t == len(rewards) - 1])
         steps = codec.Steps(np.zeros(1, np.int32), np.array([reward], np.float32), done,
                             np.zeros(1, bool), np.zeros((1, 4), np.float32))
-        unrolls = server._infer([_Request(entry, steps, None)])[2] or unrolls
+        unrolls = serve(server, entry, steps)[2] or unrolls
     np.testing.assert_array_equal(unrolls["reward"][0], [0.0, 1.0, -1.0, 0.5])
     assert episodes.window()[0] == [2.5]  # 5 - 3 + 0.5, unclipped
 

@@ -29,6 +29,7 @@ from seedq import channel as channel_lib
 from seedq import grpc_setup
 from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
+from seedq.latency import LatencyRing
 from seedq.wire import codec
 from seedq.wire.metered import ByteCounter, MeteredStub
 from seedq import schema
@@ -62,7 +63,6 @@ class ActorStats:
 
     frames: int = 0
     steps: int = 0
-    recorded: int = 0  # round trips in the latency ring
     connections: int = 0
     env_seconds: float = 0.0
     wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
@@ -85,16 +85,14 @@ class ActorStats:
     started: float = dataclasses.field(default_factory=time.perf_counter)
     # Round trips before this perf_counter() time are not recorded (warm-up).
     record_after: float = 0.0
-    # Round-trip latency of recent vector steps (seconds), a bounded ring.
-    _rtts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1 << 16))
+    # Round-trip latency of recent vector steps (seconds).
+    _rtts: LatencyRing = dataclasses.field(default_factory=lambda: LatencyRing(1 << 16))
 
     def record_rtt(self, seconds: float, now: float) -> None:
         self.wait_seconds += seconds
         self.steps += 1
-        if now < self.record_after:
-            return
-        self._rtts[self.recorded % len(self._rtts)] = seconds
-        self.recorded += 1
+        if now >= self.record_after:
+            self._rtts.record(seconds)
 
     def counters(self) -> dict:
         """The cumulative counters that `steady` reports as differences."""
@@ -113,7 +111,7 @@ class ActorStats:
             self._mark = self.counters()
 
     def summary(self) -> dict:
-        rtts = self._rtts[: min(self.recorded, len(self._rtts))]
+        rtts = self._rtts.percentiles((50, 99))
         elapsed = time.perf_counter() - self.started
         end = self.counters()
         steady = {k: end[k] - self._mark[k] for k in end} if self._mark else None
@@ -126,8 +124,8 @@ class ActorStats:
             "frames_per_second": self.frames / elapsed if elapsed > 0 else 0.0,
             "env_seconds": self.env_seconds,
             "wait_seconds": self.wait_seconds,
-            "rtt_p50_ms": float(np.percentile(rtts, 50) * 1e3) if len(rtts) else None,
-            "rtt_p99_ms": float(np.percentile(rtts, 99) * 1e3) if len(rtts) else None,
+            "rtt_p50_ms": rtts[0] * 1e3 if rtts else None,
+            "rtt_p99_ms": rtts[1] * 1e3 if rtts else None,
             "inference_seconds": self.inference_seconds,
             "communication_seconds": self.communication_seconds,
             "pull_seconds": self.pull_seconds,

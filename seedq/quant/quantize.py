@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PRECISIONS = ("fp32", "bf16", "int8")
+from seedq.config import PRECISIONS  # the one list; re-exported as seedq.quant.PRECISIONS
 INT8_MAX = 127
 # Published leaf names of one quantized layer (replacing its fp32 "kernel", so
 # a module that is not intercepted can never silently read int8 weights).

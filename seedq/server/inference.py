@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from seedq.acting.core import ActingCore
+from seedq.latency import LatencyRing
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import EnvSpec
 from seedq.server.env_table import ActorEntry, EnvTable
@@ -79,27 +80,19 @@ class InferenceStats:
     compiles: int = 0
     # Batches that fired on the batch timeout while a stream it awaited was silent.
     timed_out_waits: int = 0
-    # Seconds per inference batch (batching done to actions ready), a ring.
-    latencies: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(4096))
-    latency_count: int = 0
+    # Seconds per inference batch (batching done to actions ready).
+    latencies: LatencyRing = dataclasses.field(default_factory=lambda: LatencyRing(4096))
 
     def mean_batch_size(self) -> float:
         return self.env_steps / self.batches if self.batches else 0.0
 
-    def record_latency(self, seconds: float) -> None:
-        self.latencies[self.latency_count % len(self.latencies)] = seconds
-        self.latency_count += 1
+    @property
+    def latency_count(self) -> int:
+        return self.latencies.count
 
     def latency_percentiles(self, since: int = 0) -> tuple[float, float] | None:
         """(p50, p99) seconds over the batches after the `since`-th (the ring's worth at most)."""
-        count = self.latency_count
-        recent = min(count - since, len(self.latencies))
-        if recent <= 0:
-            return None
-        ring = len(self.latencies)
-        idx = np.arange(count - recent, count) % ring
-        values = self.latencies[idx]
-        return float(np.percentile(values, 50)), float(np.percentile(values, 99))
+        return self.latencies.percentiles((50, 99), since)
 
 
 class InferenceServer:
@@ -273,7 +266,7 @@ class InferenceServer:
                 if not request.future.done():
                     request.future.set_exception(e)
             return
-        self.stats.record_latency(time.perf_counter() - started)
+        self.stats.latencies.record(time.perf_counter() - started)
         try:
             if unrolls is not None and not self.queue.try_put(unrolls):
                 waited = time.perf_counter()
