@@ -446,17 +446,21 @@ def test_seedq_train_r2d2_short_run(tmp_path):
 @pytest.mark.learning
 def test_r2d2_learns_cartpole_within_a_frame_budget(tmp_path):
     """R2D2 with its defaults learns CartPole: a mean return of 300 over the last 100
-    episodes (random play: ~22) within 500k frames.
+    episodes (random play: ~22) within 1.2M frames.
 
-    Bounded by frames, not seconds. Margin: seeds 0, 1, 2 first reached a mean of
-    300 at 157k-188k frames (2.7x inside the budget; 475 takes 0.33-0.9M frames,
-    docs/benchmarks.md, too long for CI). The replay ratio is held by the learner,
-    so a busy machine changes the seconds, not the updates per frame.
+    Bounded by frames, not seconds. Margin, from 11 runs of this command (seed 0;
+    runs differ because actors and learner are asynchronous): a mean of 300 first
+    reached at 142k, 142k, 173k, 182k, 244k, 263k, 287k, 308k, 338k and 591k
+    frames, and once past 500k during a full test run: median 263k, the worst
+    about half the budget. (A 500k budget set from 3 runs failed 2 of 11.) 475
+    takes 0.33-0.9M frames (docs/benchmarks.md), too long for CI. The replay
+    ratio is held by the learner, so a busy machine changes the seconds, not the
+    updates per frame.
     """
     logdir = tmp_path / "r2d2-learns"
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "train", "--agent", "r2d2", "--env", "CartPole-v1",
-         "--target-return", "300", "--max-frames", "500000", "--max-seconds", "0",
+         "--target-return", "300", "--max-frames", "1200000", "--max-seconds", "0",
          "--eval-episodes", "0", "--logdir", str(logdir), "--quiet"],
         capture_output=True, text=True, timeout=600,
     )
@@ -464,4 +468,4 @@ def test_r2d2_learns_cartpole_within_a_frame_budget(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["agent"] == "r2d2"
     assert summary["reached_target"] and summary["stop_reason"] == "target_return", summary
-    assert summary["mean_return_at_target"] >= 300 and summary["frames_to_target"] <= 500_000
+    assert summary["mean_return_at_target"] >= 300 and summary["frames_to_target"] <= 1_200_000
