@@ -24,7 +24,6 @@ from jax import lax
 
 from seedq import config as config_lib
 from seedq import quant
-from seedq.agents import networks
 from seedq.quant import layers as qlayers
 from seedq.quant import plan as qplan
 from seedq.quant import quantize as qz
