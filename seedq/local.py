@@ -89,7 +89,9 @@ def spawn_actors(
     return procs
 
 
-def stop_actors(procs: list[subprocess.Popen], timeout: float = 5.0) -> None:
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 5.0) -> None:
+    """SIGTERM to every process still running, then waits up to `timeout`
+    seconds in all; any left after that is killed."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -198,7 +200,7 @@ def train(
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
         if reporter is not None and stop_reason == "error":
             reporter.close_display()
-        stop_actors(actors)
+        stop_processes(actors)
         if learner is not None:
             learner.stop()
         if address.startswith("unix:") and os.path.exists(address[5:]):

@@ -23,6 +23,7 @@ import trustme
 from seedq import certs as certs_lib
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig, TrainConfig
+from seedq.local import stop_processes
 from seedq.server.service import start_server
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 
@@ -72,15 +73,7 @@ def start_actor(address: str, *flags: str, actor_id: str):
 
 
 def stop(*procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_processes(list(procs), timeout=30)
 
 
 def frames_logged(log) -> int:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import uuid
 import pytest
 
 from seedq import certs as certs_lib
+from seedq.local import stop_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.learning]
 
@@ -135,15 +135,7 @@ def test_two_namespaces_tls_token_link_outage_and_target(namespaces, tmp_path):
 
         learner.wait(timeout=300)
     finally:
-        for p in (learner, *actors):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (learner, *actors):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes([learner, *actors], timeout=30)
     assert learner.returncode == 0, log.read_text()
     summary = json.loads((run / "summary.json").read_text())
     # reached_target: the learner saw the 100-episode mean at >= 475. (The final

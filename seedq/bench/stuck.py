@@ -108,7 +108,7 @@ class SilentActors:
 
 def _phase(learner, address, config, phase: str, args, stats_dir: str, round_index: int) -> dict:
     from seedq.bench.throughput import _wait_for_actors, read_json
-    from seedq.local import spawn_actors, stop_actors
+    from seedq.local import spawn_actors, stop_processes
 
     count = {"stuck": args["stuck_actors"], "slow": args["slow_actors"]}.get(phase, 0)
     silent = SilentActors(address, learner.spec, args["envs_per_actor"], count,
@@ -125,7 +125,7 @@ def _phase(learner, address, config, phase: str, args, stats_dir: str, round_ind
         waits, batches = stats.timed_out_waits - waits0, stats.batches - batches0
         steps = stats.env_steps - steps0
     finally:
-        stop_actors(actors)
+        stop_processes(actors)
         silent_sent = silent.close() if silent else 0
     summaries = [read_json(os.path.join(phase_dir, f"actor-{i}.json")) for i in range(args["actors"])]
     summaries = [s for s in summaries if s and s["rtt_p99_ms"] is not None]

@@ -58,7 +58,7 @@ def system_fps(
 ) -> dict:
     from seedq.config import DevicesConfig, TrainConfig
     from seedq.learner.learner import Learner
-    from seedq.local import default_address, spawn_actors, stop_actors
+    from seedq.local import default_address, spawn_actors, stop_processes
 
     config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
                          devices=devices or DevicesConfig())
@@ -83,7 +83,7 @@ def system_fps(
             busy = stats.busy_seconds - busy0
             split = learner.devices.describe()
         finally:
-            stop_actors(actors)
+            stop_processes(actors)
             learner.stop()
         actor_stats = [read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
     rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
