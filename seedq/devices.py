@@ -136,11 +136,16 @@ class DataParallel:
         return jax.device_put(state, self.replicated)
 
 
+def batch_mesh(devices: Sequence) -> Mesh:
+    """A one-axis mesh ("batch") over `devices`, in their order."""
+    return Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,))
+
+
 def data_parallel(agent, devices: Sequence) -> DataParallel:
     """`agent.update` jitted over a one-axis mesh of `devices`: batch sharded
     along its leading axis, state replicated; XLA derives the gradient mean
     across devices from these shardings (module docstring)."""
-    mesh = Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,))
+    mesh = batch_mesh(devices)
     replicated = NamedSharding(mesh, PartitionSpec())
     batch_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
     update = jax.jit(
@@ -153,7 +158,7 @@ def data_parallel(agent, devices: Sequence) -> DataParallel:
 
 def inference_placement(devices: Sequence) -> NamedSharding:
     """Where the inference parameters live: a copy on every inference device."""
-    return NamedSharding(Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,)), PartitionSpec())
+    return NamedSharding(batch_mesh(devices), PartitionSpec())
 
 
 def sharded_act(act: Callable, devices: Sequence) -> Callable:
@@ -162,7 +167,7 @@ def sharded_act(act: Callable, devices: Sequence) -> Callable:
     env axis across them (so its padded size must be a multiple of their
     count), parameters and the PRNG key replicated, every device running the
     same program on its share with its own copy of the parameters."""
-    mesh = Mesh(np.asarray(tuple(devices)), (BATCH_AXIS,))
+    mesh = batch_mesh(devices)
     replicated = NamedSharding(mesh, PartitionSpec())
     rows = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
     return jax.jit(act, in_shardings=(replicated, replicated, rows, rows, rows, rows),

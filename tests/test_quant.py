@@ -651,7 +651,7 @@ def test_r2d2_q_values_at_int8_stay_close_to_fp32():
 
     ref, got = np.asarray(q_values(params, "fp32")), np.asarray(q_values(published, "int8"))
     assert np.abs(got - ref).max() < 0.05 * (np.abs(ref).max() + 1e-6), np.abs(got - ref).max()
-    assert int8.mac_share(8) > 0.5  # the LSTM and the hidden layers: most of the MACs
+    assert int8.plan.mac_share(8) > 0.5  # the LSTM and the hidden layers: most of the MACs
 
 
 @pytest.mark.unit

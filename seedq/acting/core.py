@@ -162,6 +162,11 @@ class ActingCore:
         """Forgets the partial unrolls of `slots`; returns the env steps lost."""
         return self.store.drop(slots) if self.store is not None else 0
 
+    def padded_size(self, n: int, pad_to: int | None = None) -> int:
+        """The batch size `act` runs n envs at: `pad_to` (at least n), rounded up
+        to a multiple of the inference devices so they split it evenly."""
+        return -(-max(pad_to or n, n) // self.shards) * self.shards
+
     def step(self, params, version: int, rng, slots, obs, rewards, terminated, truncated,
              *, pad_to: int | None = None):
         """Acts on one step of the envs in `slots` (unique) and books it.
@@ -171,7 +176,7 @@ class ActingCore:
         """
         n = len(slots)
         first, ended, returns, lengths = self.episodes.observe(slots, rewards, terminated, truncated)
-        size = -(-max(pad_to or n, n) // self.shards) * self.shards  # a multiple of the devices
+        size = self.padded_size(n, pad_to)
         core_before = {name: table[slots] for name, table in self.core.items()}
         actions, outputs, new_core, rng = self._act(
             params, rng, pad_rows(obs, size), pad_rows(first, size, fill=True),

@@ -66,12 +66,12 @@ class Learner:
         self.precision = InferencePrecision(self.agent, self.spec, config.precision)
         # int8: the per-layer int8/fp32 choice at the server's padded batch
         # sizes, fixed for the run (seedq.quant.plan); None otherwise.
-        self.int8_plan = self.precision.plan_int8(
+        plan = self.precision.plan_int8(
             self.agent.inference_params(self.state), bucket_sizes(config.server.max_batch_size),
             force=config.quant.force_int8,
         )
-        if self.int8_plan is not None:
-            log.info("%s", self.int8_plan.describe())
+        if plan is not None:
+            log.info("%s", plan.describe())
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)
@@ -123,6 +123,11 @@ class Learner:
         self._threads: list[threading.Thread] = []
         self._update = self._parallel.update if self._parallel else jax.jit(self.agent.update)
         self.batches = self.agent.make_batch_source(self.queue)
+
+    @property
+    def int8_plan(self):
+        """The run's int8 plan (`seedq.quant.plan.Int8Plan`), None unless int8."""
+        return self.precision.plan
 
     def published_params(self, state):
         """The parameters the server acts with: the agent's fp32 inference

@@ -79,13 +79,3 @@ class InferencePrecision:
         """`act` with the agent's greedy actions (evaluation). Pure and jittable."""
         actions, outputs, core_state, rng = self.act(params, rng, obs, first, core_state, inputs)
         return self.agent.greedy_actions(outputs).astype(actions.dtype), outputs, core_state, rng
-
-    def mac_share(self, batch: int | None = None) -> float:
-        """Share of the network's multiply-accumulates run in int8 (at `batch`; the
-        largest planned batch when None). 0 unless int8."""
-        if self.precision != "int8":
-            return 0.0
-        macs = {layer.path: qplan.layer_macs(layer) for layer in self.layers}
-        if self.plan is None:
-            return qplan.mac_share(macs, ql.quantizable_paths(self.layers))
-        return self.plan.mac_share(batch if batch is not None else max(self.plan.int8))

@@ -297,10 +297,9 @@ class InferenceServer:
 
         obs, rewards, terminated, truncated = map(joined, ("observations", "rewards", "terminated", "truncated"))
         n = len(slots)
-        size = next((b for b in self.buckets if b >= n), None)
-        if size is None:  # a single actor with more envs than max_batch_size
-            size = n
-        size = -(-size // self.core.shards) * self.core.shards  # split evenly across devices
+        # The smallest bucket that fits (a single actor with more envs than
+        # max_batch_size runs at its own size).
+        size = self.core.padded_size(n, next((b for b in self.buckets if b >= n), n))
         if size not in self._compiled:
             self._compiled.add(size)
             log.info("compiling inference for batch size %d", size)
