@@ -194,6 +194,11 @@ def local_run(tmp_path_factory):
     )
     try:
         wait_for(lambda: newest_step(run) >= 60, 120, "a checkpoint after 60 train steps")
+        # And one more: the first such checkpoint can come in the same poll as the
+        # first progress tick with episodes, and a resume purges the points at and
+        # after its frames, which would leave the first segment no curve point.
+        first_step = newest_step(run)
+        wait_for(lambda: newest_step(run) > first_step, 60, "the next checkpoint")
         first.send_signal(signal.SIGKILL)
         first.wait()
 
