@@ -65,7 +65,11 @@ def _register_ale() -> None:
 
 
 def _register_minatar() -> None:
-    """MinAtar/<Game>-v0 and -v1, registered by the minatar package itself."""
+    """MinAtar/<Game>-v0 and -v1, registered by the minatar package itself.
+
+    Called only for a `MinAtar/` id: importing minatar loads seaborn, pandas
+    and scipy.stats (about 1.4 s), which every actor and learner start-up
+    would pay otherwise."""
     try:
         from minatar import gym as minatar_gym
     except ImportError:  # minatar is a dependency; only a broken install lands here
@@ -75,7 +79,6 @@ def _register_minatar() -> None:
 
 
 _register_ale()
-_register_minatar()
 
 
 def env_kind(env_id: str) -> str:
@@ -94,6 +97,8 @@ def _gym_spec(env_id: str):
     try:
         # gym.make imports `module` of a `module:Env-v0` id itself; gym.spec does not.
         module, sep, name = env_id.partition(":")
+        if env_id.startswith("MinAtar/"):
+            _register_minatar()
         if sep:
             importlib.import_module(module)
         return gym.spec(name if sep else env_id)
