@@ -8,7 +8,15 @@ _configured = False
 
 
 def configure() -> None:
-    """Enables JAX's persistent compilation cache.
+    """Runs CPU computations inline and enables JAX's persistent compilation cache.
+
+    Inline CPU dispatch (`jax_cpu_enable_async_dispatch` off): the learner's
+    calls are small (one inference batch of a 64-unit MLP is tens of
+    microseconds of arithmetic), and async dispatch adds a thread hand-off to
+    each that costs more than the work: the CartPole inference call took
+    ~80-110 us with it and ~31 us without (docs/benchmarks.md, issue 16). Set
+    `JAX_CPU_ENABLE_ASYNC_DISPATCH=1` to keep JAX's default. Must run before
+    the first JAX computation creates the CPU client; no effect on GPU/TPU.
 
     XLA:CPU takes ~1-2 s to compile each of the learner's functions on a small
     machine; with the on-disk cache a second run starts in a fraction of
@@ -20,6 +28,8 @@ def configure() -> None:
     _configured = True
     import jax
 
+    if "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     cache_dir = os.environ.get(
         "SEEDQ_JAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "seedq", "jax")
     )
