@@ -176,6 +176,32 @@ class CheckpointWriter:
         self._manager.close()
 
 
+def process_share(snapshot: Snapshot, index: int, size: int) -> Snapshot:
+    """The part of a checkpoint's counters one process of a group of `size`
+    continues from: its own frames, episodes and episode window when the
+    checkpoint was written by a group of that size (counters "processes"),
+    else process 0 takes the whole run's and the others start at zero. Alone
+    (`size` 1) the snapshot is returned as it is. Processes other than 0 also
+    fold their index into the inference RNG key (their own random stream)."""
+    if size == 1:
+        return snapshot
+    processes = snapshot.counters.get("processes")
+    if processes and len(processes) == size:
+        mine = processes[index]
+        frames, episodes, window = mine["frames"], mine["episodes"], mine["episode_window"]
+    elif index == 0:
+        frames, episodes, window = snapshot.counters["frames"], snapshot.counters["episodes"], snapshot.episode_window
+    else:
+        frames, episodes, window = 0, 0, {"returns": [], "lengths": []}
+    rng = snapshot.rng
+    if index:
+        rng = np.asarray(jax.random.fold_in(rng, index))
+    return dataclasses.replace(
+        snapshot, counters={**snapshot.counters, "frames": int(frames), "episodes": int(episodes)},
+        episode_window=dict(window), rng=rng,
+    )
+
+
 def locate(path: str) -> tuple[str, int]:
     """(checkpoints directory, step) for a run directory or a checkpoints
     directory (their newest step) or one step directory."""

@@ -136,7 +136,11 @@ def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
             args.logdir = run_dir  # a fresh run, in that directory
     if resume is None:
         base = with_file(_default_config(args.env or data.get("env")))
-        return config_from_args(args, base=base).resolved(), None
+        config = config_from_args(args, base=base)
+        if config.distributed.explicit and not config.logdir:
+            # (A default run directory is named by time and pid: one per process.)
+            raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
+        return config.resolved(), None
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(_saved_config(resume, "--resume"))

@@ -7,6 +7,7 @@ start-up overlaps the learner's JAX start-up; they retry until it listens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import threading
 import time
 import uuid
 
-from seedq import channel
+from seedq import channel, distributed
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
@@ -121,10 +122,18 @@ def train(
     `started` (time.monotonic()) is when the command started; seconds-to-target
     and wall time count from it. `resume` (a run directory, a checkpoint) continues
     from that checkpoint; `config.logdir` should then be the run's directory.
+
+    With `config.distributed` naming a group (or one detected on Cloud TPU),
+    this process joins it first, before any other JAX use; process 0 alone
+    writes the run directory (docs/devices.md "Multi-host").
     """
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
+    group = distributed.initialize(config.distributed)
+    if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
+        # Each process has its own replay; orbax would keep only process 0's.
+        config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
     address = config.address or default_address()
     channel.check_exposure(config, address)
     # Unreadable credential files fail here, in one line, before JAX starts.
@@ -148,11 +157,12 @@ def train(
             jax.eval_shape(lambda: jax.random.PRNGKey(0)),
             env=config.env,
         )
-    os.makedirs(config.logdir, exist_ok=True)
+    if group.is_leader:
+        os.makedirs(config.logdir, exist_ok=True)
 
     # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
-    stats_dir = os.path.join(config.logdir, "actors")
-    if with_actors:
+    stats_dir = os.path.join(config.logdir, "actors") if group.is_leader else None
+    if with_actors and stats_dir:
         os.makedirs(stats_dir, exist_ok=True)
     actors = spawn_actors(address, config, stats_dir) if with_actors else []
     learner = None
@@ -161,15 +171,17 @@ def train(
     previous_sigterm = None
     if threading.current_thread() is threading.main_thread():
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+    if address.startswith("unix:"):  # also when a lost group member ends this process at once
+        distributed.at_fatal_error(lambda: os.path.exists(address[5:]) and os.unlink(address[5:]))
     try:
-        learner = Learner(config, address)
+        learner = Learner(config, address, group)
         resumed = resumed_from = None
         if resume is not None:
             resumed, resumed_from = checkpoint.restore(
                 resume, learner.state, learner.inference.rng, env=config.env,
                 with_replay=learner.checkpoints_replay,
             )
-            learner.restore(resumed)
+            learner.restore(checkpoint.process_share(resumed, group.index, group.size))
             if not quiet:
                 c = resumed.counters
                 replay = (
@@ -183,12 +195,15 @@ def train(
                     flush=True,
                 )
         # Saved once the config is known to fit (a bad --resume override leaves it alone).
-        config_lib.save(config, os.path.join(config.logdir, "config.json"))
+        if group.is_leader:
+            config_lib.save(config, os.path.join(config.logdir, "config.json"))
         address = learner.start()
         if not with_actors and not quiet:
-            print(f"learner listening on {address}", flush=True)
+            member = f" ({group.describe()})" if group.multi else ""
+            print(f"learner listening on {address}{member}", flush=True)
         reporter = RunReporter(
-            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from
+            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
+            group=group,
         )
         stop_reason = reporter.run_until_done(actors)
     except KeyboardInterrupt as e:
