@@ -724,6 +724,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "print_config", False):
             print(json.dumps(config_lib.to_dict(config), indent=2, sort_keys=True))
             return 0
+        from seedq import distributed
+
+        if distributed.needs_supervisor(config.distributed):
+            # A group's learner runs as a child: its lost-peer abort becomes one line.
+            group = config.distributed
+            address = config.address
+            return distributed.supervise(
+                list(sys.argv[1:] if argv is None else argv),
+                group.process_id if group.explicit else None, group.num_processes or None,
+                socket_path=address[5:] if address.startswith("unix:") else "",
+            )
+        distributed.die_with_supervisor()
         from seedq import local
 
         try:

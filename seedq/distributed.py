@@ -17,12 +17,14 @@ report, process 0 reads them all, decides, and posts one decision that every
 process reads: decided once, acted on everywhere.
 
 A dead process: the coordination service notices its missing heartbeats
-after `heartbeat_timeout_seconds` (a dead process 0 is noticed at once, its
-service is gone) and reports the error to every live client. JAX's default
-reaction is a fatal C++ log with a stack trace; seedq hands the client a
-callback instead that prints one line naming the dead process and exits
-(`DEAD_PEER_EXIT_CODE`). `jax.distributed.initialize` does not take that
-callback, so it is added where jax creates its client (`_client_with_callback`).
+after `heartbeat_timeout_seconds` (a dead process 0 is noticed at once: its
+service is gone) and reports the error to every live client, whose reaction
+(jaxlib's, not configurable from Python: a callback cannot even receive the
+status) is a fatal C++ log with a stack trace and an abort. So a group's
+learner runs under `supervise`: the `seedq learner` command starts the
+learner as its child, passes its output through, and when the child aborts
+on that error prints one line naming the dead process instead of the trace
+and exits with `DEAD_PEER_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 from typing import Any, Callable
 
@@ -138,69 +142,19 @@ def dead_processes(message: str) -> list[int]:
     return sorted(set(found))
 
 
-def dead_peer_line(index: int, size: int, message: str) -> str:
-    """The one line a learner process prints when its group lost a member."""
+def dead_peer_line(index: int | None, size: int | None, message: str) -> str:
+    """The one line a learner process's supervisor prints when the group lost
+    a member (`index` / `size` None: not known, an auto-detected group)."""
+    of = f" of {size}" if size else ""
     dead = [p for p in dead_processes(message) if p != index]
     if dead:
-        who = ", ".join(f"learner process {p}" for p in dead)
-        what = f"{who} of {size} died (no heartbeat)"
+        what = f"{', '.join(f'learner process {p}' for p in dead)}{of} died (no heartbeat)"
     elif "coordination service" in message and index != 0:
-        what = f"learner process 0 of {size} (the coordinator) died"
+        what = f"learner process 0{of} (the coordinator) died"
     else:
-        what = f"the learner group of {size} failed ({_first_line(Exception(message))})"
-    return f"seedq learner: {what}; learner process {index} stops (resume the group with --resume)"
-
-
-def _on_fatal_error(index: int, size: int, cleanup: Callable[[], None]):
-    def callback(status) -> None:
-        # Called on a coordination-service thread: say it once and exit now
-        # (the group cannot checkpoint without its lost member; the last
-        # periodic checkpoint is where --resume continues).
-        print(dead_peer_line(index, size, str(status)), file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):
-            cleanup()
-        os._exit(DEAD_PEER_EXIT_CODE)
-
-    return callback
-
-
-@contextlib.contextmanager
-def _client_with_callback(callback):
-    """jax.distributed.initialize, with `callback` as the client's
-    missed-heartbeat/fatal-error callback (jax passes none: the default aborts
-    with a C++ stack trace)."""
-    from jax._src import distributed as jax_distributed
-
-    real = jax_distributed._jax
-
-    class _Shim:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def get_distributed_runtime_client(*args, **kwargs):
-            kwargs.setdefault("missed_heartbeat_callback", callback)
-            return real.get_distributed_runtime_client(*args, **kwargs)
-
-    jax_distributed._jax = _Shim()
-    try:
-        yield
-    finally:
-        jax_distributed._jax = real
-
-
-_cleanups: list[Callable[[], None]] = []
-
-
-def at_fatal_error(fn: Callable[[], None]) -> None:
-    """Runs `fn` (cheap, local: remove a socket file) before a lost-peer exit."""
-    _cleanups.append(fn)
-
-
-def _run_cleanups() -> None:
-    for fn in _cleanups:
-        with contextlib.suppress(Exception):
-            fn()
+        what = f"the learner group failed ({_first_line(Exception(message))})"
+    me = "this learner process" if index is None else f"learner process {index}"
+    return f"seedq learner: {what}; {me} stops (resume the group with --resume)"
 
 
 _group: ProcessGroup | None = None
@@ -233,21 +187,84 @@ def initialize(config: DistributedConfig) -> ProcessGroup:
                       process_id=config.process_id)
     else:
         kwargs.update(cluster_detection_method=detected)
-    index = config.process_id if config.explicit else None
-    size = config.num_processes if config.explicit else None
-
-    def late_callback(status):  # index and size are known by the time an error can come
-        _on_fatal_error(jax.process_index(), jax.process_count(), _run_cleanups)(status)
-
     try:
-        with _client_with_callback(late_callback):
-            jax.distributed.initialize(**kwargs)
+        jax.distributed.initialize(**kwargs)
     except Exception as e:  # noqa: BLE001 - a failed join is one line
         where = config.coordinator or f"the {detected} environment"
         raise ValueError(f"could not join the learner group at {where}: {_first_line(e)}") from None
-    index, size = jax.process_index(), jax.process_count()
-    from jax._src import distributed as jax_distributed  # the client jax created
+    from jax._src import distributed as jax_distributed  # the client jax created; no public handle
 
-    _group = ProcessGroup(index=index, size=size, client=jax_distributed.global_state.client,
+    _group = ProcessGroup(index=jax.process_index(), size=jax.process_count(),
+                          client=jax_distributed.global_state.client,
                           timeout_seconds=float(config.initialization_timeout_seconds))
     return _group
+
+
+# --- the supervisor of a group's learner process ---
+
+# Set in the supervised child's environment (it runs the learner itself).
+SUPERVISED = "SEEDQ_SUPERVISED_LEARNER"
+# The first line of jaxlib's reaction to a lost group member; it and every
+# line after it (the status, a C++ stack trace) are the supervisor's to summarise.
+_FATAL_MARKERS = (
+    "Use error polling to propagate the following error to all tasks",  # the coordinator's own
+    "Polled an error from coordination service",
+    "Terminating process because the JAX distributed service detected fatal errors",
+)
+# Gloo's line per connected device pair, printed on every new collective: noise.
+_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+
+
+def die_with_supervisor() -> None:
+    """In a supervised learner (Linux): the kernel kills us when the supervisor
+    dies, even by SIGKILL, so killing the `seedq learner` command kills the
+    group member. A no-op elsewhere."""
+    supervisor = int(os.environ.get(SUPERVISED) or 0)
+    if not supervisor:
+        return
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != supervisor:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def needs_supervisor(config: DistributedConfig) -> bool:
+    """Whether this command's learner joins a group (so runs under `supervise`)."""
+    if os.environ.get(SUPERVISED):
+        return False
+    return config.explicit or (config.auto_detect and detected_environment() is not None)
+
+
+def supervise(argv: list[str], index: int | None, size: int | None, socket_path: str = "") -> int:
+    """Runs `python -m seedq.cli *argv` as a child and passes its output
+    through; returns its exit status, or DEAD_PEER_EXIT_CODE after printing
+    one line when it died of a lost group member (removing `socket_path`,
+    its unix socket, which it had no time to). SIGTERM is passed on to the
+    child (it checkpoints and exits as it would alone)."""
+    env = {**os.environ, SUPERVISED: str(os.getpid())}
+    child = subprocess.Popen([sys.executable, "-m", "seedq.cli", *argv], env=env, stderr=subprocess.PIPE,
+                             text=True, errors="replace", bufsize=1)
+    signal.signal(signal.SIGTERM, lambda n, frame: child.poll() is None and child.send_signal(n))
+    # Ctrl-C reaches the child from the terminal itself (one process group).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fatal: list[str] = []
+    for line in child.stderr:
+        if fatal or any(m in line for m in _FATAL_MARKERS):
+            fatal.append(line)
+        elif not _NOISE.match(line):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    code = child.wait()
+    if not fatal:
+        return code
+    if socket_path:
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+    print(dead_peer_line(index, size, "".join(fatal)), file=sys.stderr, flush=True)
+    return DEAD_PEER_EXIT_CODE

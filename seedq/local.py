@@ -171,8 +171,6 @@ def train(
     previous_sigterm = None
     if threading.current_thread() is threading.main_thread():
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
-    if address.startswith("unix:"):  # also when a lost group member ends this process at once
-        distributed.at_fatal_error(lambda: os.path.exists(address[5:]) and os.unlink(address[5:]))
     try:
         learner = Learner(config, address, group)
         resumed = resumed_from = None

@@ -93,7 +93,10 @@ class Learner:
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)
-        self.queue = UnrollQueue(config.server.queue_capacity_unrolls)
+        # A group's processes share the capacity, as they share the batch: the
+        # same unrolls in flight per update (policy lag) as one process has.
+        _, batch_size = config.training_batch
+        self.queue = UnrollQueue(max(config.server.queue_capacity_unrolls // group.size, batch_size // group.size))
         self.inference = InferenceServer(
             self.agent,
             self.spec,
