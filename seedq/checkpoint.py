@@ -101,9 +101,11 @@ def _state_tree(state, rng) -> dict:
 
 
 class CheckpointWriter:
-    """Saves snapshots of one run; asynchronous unless asked to wait."""
+    """Saves snapshots of one run; asynchronous unless asked to wait (or
+    `asynchronous` is false: a multi-process learner's, whose processes call
+    `save` together, the way orbax saves multi-process state)."""
 
-    def __init__(self, logdir: str, keep: int):
+    def __init__(self, logdir: str, keep: int, *, asynchronous: bool = True):
         import orbax.checkpoint as ocp
 
         self.directory = os.path.abspath(os.path.join(logdir, DIRNAME))
@@ -111,7 +113,7 @@ class CheckpointWriter:
             self.directory,
             options=_options(
                 max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-                enable_async_checkpointing=True,
+                enable_async_checkpointing=asynchronous,
             ),
             item_handlers=_handlers(),
         )

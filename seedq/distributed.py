@@ -37,6 +37,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any, Callable
 
 from seedq.config import DistributedConfig
@@ -248,8 +249,17 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
     its unix socket, which it had no time to). SIGTERM is passed on to the
     child (it checkpoints and exits as it would alone)."""
     env = {**os.environ, SUPERVISED: str(os.getpid())}
-    child = subprocess.Popen([sys.executable, "-m", "seedq.cli", *argv], env=env, stderr=subprocess.PIPE,
-                             text=True, errors="replace", bufsize=1)
+    child = subprocess.Popen([sys.executable, "-m", "seedq.cli", *argv], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+
+    def pass_stdout():  # gloo prints its noise on stdout, next to the progress lines
+        for line in child.stdout:
+            if not _NOISE.match(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    stdout = threading.Thread(target=pass_stdout, name="seedq-supervised-stdout", daemon=True)
+    stdout.start()
     signal.signal(signal.SIGTERM, lambda n, frame: child.poll() is None and child.send_signal(n))
     # Ctrl-C reaches the child from the terminal itself (one process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -261,6 +271,7 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
             sys.stderr.write(line)
             sys.stderr.flush()
     code = child.wait()
+    stdout.join(timeout=5)
     if not fatal:
         return code
     if socket_path:

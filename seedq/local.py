@@ -131,6 +131,9 @@ def train(
     config = config.resolved()
     config.validate()
     group = distributed.initialize(config.distributed)
+    if group.multi and config.architecture == "impala":
+        raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
+                         "the multi-host learner serves SEED actors")
     if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
         # Each process has its own replay; orbax would keep only process 0's.
         config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
@@ -157,6 +160,8 @@ def train(
             jax.eval_shape(lambda: jax.random.PRNGKey(0)),
             env=config.env,
         )
+    if group.multi:
+        _check_one_resume(group, resume)
     if group.is_leader:
         os.makedirs(config.logdir, exist_ok=True)
 
@@ -226,6 +231,24 @@ def train(
     if summary is None:
         raise RuntimeError("the learner failed to start; see the log above")
     return summary
+
+
+def _check_one_resume(group, resume: str | None) -> None:
+    """A group starts from one state: every process resumes the same checkpoint
+    step, or none does (processes that do not see one run directory would
+    otherwise train from different parameters)."""
+    step = checkpoint.locate(resume)[1] if resume is not None else None
+    decision = group.exchange(
+        {"resume_step": step},
+        lambda reports: {"steps": [r["resume_step"] for r in reports]},
+    )
+    steps = decision["steps"]
+    if len(set(steps)) > 1:
+        seen = ", ".join(f"process {i}: {'step ' + str(s) if s is not None else 'none'}" for i, s in enumerate(steps))
+        raise ValueError(
+            f"the learner group does not resume from one checkpoint ({seen}); its processes need one "
+            "run directory that all of them see"
+        )
 
 
 def read_summary(logdir: str) -> dict:

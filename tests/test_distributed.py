@@ -124,6 +124,113 @@ def test_an_update_across_two_processes_equals_the_single_device_update():
             assert first["max_priority_diff"] < TOLERANCE and second["max_priority_diff"] < TOLERANCE
 
 
+# --- e2e: a learner group of two `seedq learner` processes ---
+
+
+class Group:
+    """Two `seedq learner` processes joined on a loopback port, each with one
+    `seedq actor` (32 CartPole envs) on its own unix socket, one --logdir."""
+
+    def __init__(self, tmp_path, logdir, learner_args):
+        port = free_port()
+        self.learners, self.actors, self.outputs = [], [], []
+        for i in range(2):
+            sock = f"unix:{tmp_path}/learner{i}.sock"
+            out = open(tmp_path / f"learner{i}-{len(list(tmp_path.glob('learner*.out')))}.out", "w+")
+            self.outputs.append(out)
+            self.learners.append(subprocess.Popen(
+                [sys.executable, "-m", "seedq.cli", "learner", "--env", "CartPole-v1", "--address", sock,
+                 "--distributed.coordinator", f"127.0.0.1:{port}", "--distributed.num-processes", "2",
+                 "--distributed.process-id", str(i), "--log-every-seconds", "1", *learner_args],
+                env=forced_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
+            ))
+            self.actors.append(subprocess.Popen(
+                [sys.executable, "-m", "seedq.cli", "actor", "--server", sock, "--env", "CartPole-v1",
+                 "--num-envs", "32", "--seed", str(1000 * i), "--actor-id", f"host{i}",
+                 "--retry-max-seconds", "60"],
+                env=forced_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+
+    def output(self, i: int) -> str:
+        self.outputs[i].flush()
+        return open(self.outputs[i].name).read()
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [p.wait(max(1.0, deadline - time.monotonic())) for p in self.learners]
+
+    def close(self) -> None:
+        from seedq.local import stop_processes
+
+        stop_processes(self.learners + self.actors, timeout=10)
+        for out in self.outputs:
+            out.close()
+
+
+# The group's CartPole target and frame budget. V-trace on one host needs
+# 0.3-1.0M frames for 475 (tests/test_train_local.py, docs/devices.md); the
+# two-process group measured ~X frames for TARGET (docs/devices.md
+# "Multi-host"), so the budget leaves a margin of ~Y.
+TARGET = 475
+FRAME_BUDGET = 2_000_000
+
+
+@pytest.mark.e2e
+@pytest.mark.learning
+def test_two_learner_processes_solve_cartpole_together_and_stop_together_when_one_dies(tmp_path):
+    logdir = tmp_path / "run"
+    group = Group(tmp_path, logdir, ["--logdir", str(logdir), "--target-return", str(TARGET),
+                                     "--max-frames", str(FRAME_BUDGET), "--max-seconds", "0",
+                                     "--eval-episodes", "2"])
+    try:
+        codes = group.wait(timeout=900)
+        assert codes == [0, 0], group.output(0)[-3000:] + group.output(1)[-3000:]
+    finally:
+        group.close()
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["reached_target"] and summary["stop_reason"] == "target_return", summary
+    assert summary["frames_to_target"] <= FRAME_BUDGET
+    assert summary["devices"]["processes"] == 2 and len(summary["devices"]["training"]) == 4
+    # Only process 0 wrote the run directory: one TensorBoard file, its config and
+    # summary; the checkpoints hold both processes' counters, the frames their sum.
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
+    assert sorted(p.name for p in logdir.iterdir() if not p.name.startswith("events")) == [
+        "checkpoints", "config.json", "stats.json", "summary.json"]
+    meta = json.loads(next(logdir.glob("checkpoints/step_*/meta/metadata")).read_text())
+    per_process = meta["counters"]["processes"]
+    assert len(per_process) == 2 and all(p["frames"] > 0 for p in per_process)
+    assert meta["counters"]["frames"] == sum(p["frames"] for p in per_process)
+    assert "done (target_return)" in group.output(0)
+    assert "learner process 1 of 2" in group.output(1)
+
+    # The group resumes from the final checkpoint, trains on, and loses a member.
+    steps = summary["train_steps"]
+    group = Group(tmp_path, logdir, ["--resume", str(logdir), "--target-return", "none",
+                                     "--max-frames", "0", "--max-seconds", "0"])
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not all(
+            "resuming from" in group.output(i) and "train steps" in group.output(i).split("resuming from")[1]
+            for i in range(2)
+        ):
+            assert all(p.poll() is None for p in group.learners), group.output(0) + group.output(1)
+            time.sleep(0.5)
+        for i in range(2):
+            assert f"train step {steps:,}" in group.output(i)  # resumed from the same step
+        group.learners[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = group.learners[0].wait(SURVIVOR_EXIT_SECONDS)  # raises if it hangs longer
+        survived = time.monotonic() - killed
+        last = group.output(0).strip().splitlines()[-1]
+        assert code == DEAD_PEER_EXIT_CODE, group.output(0)[-3000:]
+        assert last == ("seedq learner: learner process 1 of 2 died (no heartbeat); learner process 0 "
+                        "stops (resume the group with --resume)"), last
+        assert "Traceback" not in group.output(0) and "Check failure" not in group.output(0)
+        print(f"survivor exited {survived:.1f} s after the kill")
+    finally:
+        group.close()
+
+
 def _update_main(process: int, port: int) -> None:
     import jax
 

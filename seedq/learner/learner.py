@@ -152,8 +152,16 @@ class Learner:
         # checkpoint pins it (`pinned_snapshot`).
         self._stop_requested = False
         self._checkpoint_requests = 0
+        self._last_pin = 0
         self._pins: dict[int, tuple] = {}
         self._pinned = threading.Condition(self._state_lock)
+        # Set while training may run: a group's checkpoint parks every
+        # training thread at the pinned step until its save is done, because
+        # orbax's multi-process saves use device collectives of their own
+        # (barriers, broadcasts of the step list), which must not interleave
+        # with the update's.
+        self._may_train = threading.Event()
+        self._may_train.set()
         self._group_flags = _group_flags_fn(self._parallel) if group.multi else None
 
     @property
@@ -344,10 +352,19 @@ class Learner:
         answer on every process: the flags are reduced over the group)."""
         stop, checkpoints = self._group_flags(self._stop_requested, self._checkpoint_requests)
         with self._state_lock:
-            if checkpoints and checkpoints not in self._pins:
+            pinned = checkpoints and checkpoints > self._last_pin
+            if pinned:
+                self._last_pin = checkpoints
+                self._may_train.clear()
                 self._pins[checkpoints] = (state, self.train_steps, self.trained_frames, self.version)
                 self._pinned.notify_all()
+        while pinned and not self._may_train.wait(0.2) and not self._stop.is_set():
+            pass  # parked until this process's save of the pinned step is done (`resume_training`)
         return bool(stop)
+
+    def resume_training(self) -> None:
+        """Ends a group checkpoint's pause (see `_may_train`)."""
+        self._may_train.set()
 
     def request_group_stop(self) -> None:
         """A group's stop decision: every process stops after the same step."""

@@ -280,21 +280,32 @@ class RunReporter:
         """Saves a checkpoint now; returns its directory. Periodic ones are
         written in the background; the `final` one is complete on return and
         replaces a periodic one of the same train step (newer counters)."""
-        if self._checkpoints is None:
-            self._checkpoints = checkpoint.CheckpointWriter(self.config.logdir, self.config.checkpoints_to_keep)
-        self._checkpoint_times.append(self.elapsed())
-        pinned = None
-        if self.group.multi and not final:  # the step the group pinned: the same on every process
-            pinned = self.learner.pinned_snapshot(self.learner.request_checkpoint(), GROUP_STEP_WAIT_SECONDS)
+        if not self.group.multi or final:
+            return self._save(final=final)
+        # A group: the step the group pinned (the same on every process), saved
+        # while every training thread waits at it (orbax's collectives).
+        pinned = self.learner.pinned_snapshot(self.learner.request_checkpoint(), GROUP_STEP_WAIT_SECONDS)
+        try:
             if pinned is None:
                 print(f"{self.group.describe()}: training ended before the checkpoint's step; not saved",
                       file=sys.stderr, flush=True)
                 return self.last_checkpoint
+            return self._save(pinned=pinned)
+        finally:
+            self.learner.resume_training()
+
+    def _save(self, *, final: bool = False, pinned: tuple | None = None) -> str:
+        if self._checkpoints is None:
+            # A group saves synchronously: no orbax thread left running collectives after the save.
+            self._checkpoints = checkpoint.CheckpointWriter(
+                self.config.logdir, self.config.checkpoints_to_keep, asynchronous=not self.group.multi,
+            )
+        self._checkpoint_times.append(self.elapsed())
         snapshot = self.snapshot(pinned)
         # Scalars logged so far survive a crash too: a resumed run continues
         # its curves from the checkpoint's frame count.
         self.tensorboard.flush()
-        self.last_checkpoint = self._checkpoints.save(snapshot, wait=final, replace=final)
+        self.last_checkpoint = self._checkpoints.save(snapshot, wait=final or self.group.multi, replace=final)
         self.controller.checkpoint_taken(snapshot.step, time.monotonic())
         return self.last_checkpoint
 
