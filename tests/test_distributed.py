@@ -11,8 +11,9 @@ cross-process collectives:
   bytes on both processes (run as `python tests/test_distributed.py update
   PROCESS PORT`, this file is that process);
 * two `seedq learner` processes, each with its own `seedq actor` on its own
-  unix socket and one shared --logdir, solve CartPole together; only process
-  0 writes the run directory; then the group resumes and one member is
+  unix socket and one shared --logdir, learn CartPole together (the full
+  solve is measured in docs/devices.md); only process 0 writes the run
+  directory; then the group resumes from its checkpoint and one member is
   killed, and the other exits within 30 s with one line naming it.
 """
 
@@ -152,8 +153,8 @@ class Group:
             ))
 
     def output(self, i: int) -> str:
-        self.outputs[i].flush()
-        return open(self.outputs[i].name).read()
+        with open(self.outputs[i].name) as f:  # what learner i has printed so far
+            return f.read()
 
     def wait(self, timeout: float) -> list[int]:
         deadline = time.monotonic() + timeout
@@ -167,17 +168,18 @@ class Group:
             out.close()
 
 
-# The group's CartPole target and frame budget. V-trace on one host needs
-# 0.3-1.0M frames for 475 (tests/test_train_local.py, docs/devices.md); the
-# two-process group measured ~X frames for TARGET (docs/devices.md
-# "Multi-host"), so the budget leaves a margin of ~Y.
-TARGET = 475
-FRAME_BUDGET = 2_000_000
+# The group's CartPole target and frame budget. Solving (475) took the group
+# 868k frames and 256 s here (docs/devices.md "Multi-host"), too long for the
+# suite, so the test asks for the first clear sign of learning together: a
+# mean return of 100 (random play: ~22), which that run first reached at
+# 102k frames; the budget leaves a margin of ~6x.
+TARGET = 100
+FRAME_BUDGET = 600_000
 
 
 @pytest.mark.e2e
 @pytest.mark.learning
-def test_two_learner_processes_solve_cartpole_together_and_stop_together_when_one_dies(tmp_path):
+def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_when_one_dies(tmp_path):
     logdir = tmp_path / "run"
     group = Group(tmp_path, logdir, ["--logdir", str(logdir), "--target-return", str(TARGET),
                                      "--max-frames", str(FRAME_BUDGET), "--max-seconds", "0",
