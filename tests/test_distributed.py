@@ -168,6 +168,15 @@ class Group:
             out.close()
 
 
+def trained_since(output: str, steps: int) -> bool:
+    """Whether a progress line after the resume shows more than `steps` train steps."""
+    import re
+
+    resumed = output.split("resuming from", 1)
+    shown = re.findall(r"train steps\s+([\d,]+)", resumed[1]) if len(resumed) == 2 else []
+    return any(int(n.replace(",", "")) > steps for n in shown)
+
+
 # The group's CartPole target and frame budget. Solving (475) took the group
 # 868k frames and 256 s here (docs/devices.md "Multi-host"), too long for the
 # suite, so the test asks for the first clear sign of learning together: a
@@ -179,6 +188,8 @@ FRAME_BUDGET = 600_000
 
 @pytest.mark.e2e
 @pytest.mark.learning
+# ~110 s here (two processes of 4 forced devices each on 2 cores): one run, its
+# resume and the kill share it.
 def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_when_one_dies(tmp_path):
     logdir = tmp_path / "run"
     group = Group(tmp_path, logdir, ["--logdir", str(logdir), "--target-return", str(TARGET),
@@ -211,14 +222,12 @@ def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_
                                      "--max-frames", "0", "--max-seconds", "0"])
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not all(
-            "resuming from" in group.output(i) and "train steps" in group.output(i).split("resuming from")[1]
-            for i in range(2)
-        ):
+        while time.monotonic() < deadline and not all(trained_since(group.output(i), steps) for i in range(2)):
             assert all(p.poll() is None for p in group.learners), group.output(0) + group.output(1)
             time.sleep(0.5)
         for i in range(2):
-            assert f"train step {steps:,}" in group.output(i)  # resumed from the same step
+            assert f"train step {steps:,}," in group.output(i)  # both resumed the same step
+            assert trained_since(group.output(i), steps), group.output(i)[-2000:]  # and train on together
         group.learners[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         code = group.learners[0].wait(SURVIVOR_EXIT_SECONDS)  # raises if it hangs longer

@@ -95,8 +95,10 @@ class Learner:
         self.table = EnvTable(self.episodes)
         # A group's processes share the capacity, as they share the batch: the
         # same unrolls in flight per update (policy lag) as one process has.
-        _, batch_size = config.training_batch
-        self.queue = UnrollQueue(max(config.server.queue_capacity_unrolls // group.size, batch_size // group.size))
+        capacity = config.server.queue_capacity_unrolls
+        if group.multi:
+            capacity = max(capacity // group.size, config.training_batch[1] // group.size)
+        self.queue = UnrollQueue(capacity)
         self.inference = InferenceServer(
             self.agent,
             self.spec,
