@@ -746,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
+        except distributed.PeerLost as e:  # a group member stopped answering
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
+            return distributed.DEAD_PEER_EXIT_CODE
         # SIGTERM (stop_reason "terminated") is a clean stop: checkpointed, exit 0.
         return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
 

@@ -350,8 +350,9 @@ class DistributedConfig:
     heartbeat_timeout_seconds: int = 10
     # How long start-up waits for every process to join the coordinator.
     initialization_timeout_seconds: int = 300
-    # How long a finished process waits for the others at the exit barrier.
-    shutdown_timeout_seconds: int = 60
+    # How long a finished process waits for the others at the exit barrier
+    # (process 0 evaluates before it gets there).
+    shutdown_timeout_seconds: int = 300
 
     @property
     def explicit(self) -> bool:
