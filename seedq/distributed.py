@@ -212,6 +212,7 @@ _FATAL_MARKERS = (
     "Polled an error from coordination service",
     "Terminating process because the JAX distributed service detected fatal errors",
 )
+_PRELUDE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ (preemption_sync_manager|coordination_service\w*)\.cc:\d+\]")
 # Gloo's line per connected device pair, printed on every new collective: noise.
 _NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 
@@ -264,15 +265,25 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
     # Ctrl-C reaches the child from the terminal itself (one process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fatal: list[str] = []
+    # Lines from the coordination client's neighbours (the preemption notifier
+    # losing the service, with their continuation lines) often come just before
+    # the fatal ones: held back, dropped if the fatal block follows, else passed on.
+    held: list[str] = []
     for line in child.stderr:
         if fatal or any(m in line for m in _FATAL_MARKERS):
             fatal.append(line)
+        elif held or _PRELUDE.search(line):
+            held.append(line)
+            if len(held) > 200:  # not a prelude after all
+                sys.stderr.writelines(held)
+                held.clear()
         elif not _NOISE.match(line):
             sys.stderr.write(line)
             sys.stderr.flush()
     code = child.wait()
     stdout.join(timeout=5)
     if not fatal:
+        sys.stderr.writelines(held)
         return code
     if socket_path:
         with contextlib.suppress(OSError):
