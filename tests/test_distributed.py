@@ -87,6 +87,44 @@ def test_the_lost_member_is_named_from_the_coordination_services_error():
 
 
 @pytest.mark.unit
+def test_the_groups_totals_sum_counters_and_pool_each_processes_latest_episodes():
+    from seedq.learner.run_control import group_totals
+
+    def report(frames, returns):
+        return {"frames": frames, "episodes": len(returns), "returns": returns, "lengths": [1.0] * len(returns)}
+
+    # window 4 over 2 processes: the latest 2 episodes of each.
+    totals = group_totals([report(100, [0.0, 10.0, 20.0]), report(50, [30.0, 40.0])], window=4)
+    assert totals["frames"] == 150 and totals["episodes"] == 5
+    assert totals["mean_return"] == (10 + 20 + 30 + 40) / 4 and totals["return_window_full"]
+    partial = group_totals([report(1, [5.0]), report(1, [])], window=4)
+    assert partial["mean_return"] == 5.0 and not partial["return_window_full"]
+    assert group_totals([report(0, []), report(0, [])], window=4)["mean_return"] is None
+
+
+@pytest.mark.unit
+def test_a_resumed_process_takes_its_own_counters_or_process_0_the_whole_runs():
+    from seedq.checkpoint import Snapshot, process_share
+
+    def snapshot(**counters):
+        return Snapshot(state={}, rng=np.zeros(2, np.uint32), counters={"frames": 30, "episodes": 3, **counters},
+                        episode_window={"returns": [1.0, 2.0, 3.0], "lengths": [1, 1, 1]}, target={}, config={})
+
+    mine = [{"frames": 10, "episodes": 1, "episode_window": {"returns": [1.0], "lengths": [1]}},
+            {"frames": 20, "episodes": 2, "episode_window": {"returns": [2.0, 3.0], "lengths": [1, 1]}}]
+    second = process_share(snapshot(processes=mine), 1, 2)
+    assert (second.counters["frames"], second.counters["episodes"]) == (20, 2)
+    assert second.episode_window["returns"] == [2.0, 3.0]
+    assert not np.array_equal(second.rng, np.zeros(2, np.uint32))  # its own inference stream
+    # A checkpoint of another group size (or of one process): process 0 continues the run's counters.
+    first, other = process_share(snapshot(processes=mine), 0, 3), process_share(snapshot(), 2, 3)
+    assert first.counters["frames"] == 30 and first.episode_window["returns"] == [1.0, 2.0, 3.0]
+    assert other.counters["frames"] == 0 and other.episode_window["returns"] == []
+    alone = snapshot(processes=mine)
+    assert process_share(alone, 0, 1) is alone
+
+
+@pytest.mark.unit
 def test_the_flags_exist():
     from seedq import cli
 

@@ -38,7 +38,8 @@ from seedq.config import TrainConfig
 from seedq import checkpoint
 from seedq.distributed import SOLO, ProcessGroup
 from seedq.learner.run_control import (
-    RunClock, RunController, TargetRecord, group_totals, process_report, resumed_target, with_totals,
+    RunClock, RunController, TargetRecord, group_totals, pooled_window, process_report, resumed_target,
+    with_totals,
 )
 from seedq.learner.sinks import (
     ConsoleSink, RunInfo, TensorBoardSink, Tick, stats_json, summary_json, write_json_atomically,
@@ -263,17 +264,14 @@ class RunReporter:
         )
         if self.group.multi and self._reports:
             totals = group_totals(self._reports, self.config.return_window)
-            share = -(-self.config.return_window // self.group.size)
             snapshot.counters.update(
                 frames=totals["frames"], episodes=totals["episodes"],
                 processes=[{"frames": r["frames"], "episodes": r["episodes"],
                             "episode_window": {"returns": r["returns"], "lengths": r["lengths"]}}
                            for r in self._reports],
             )
-            snapshot.episode_window = {
-                "returns": [x for r in self._reports for x in r["returns"][-share:]],
-                "lengths": [x for r in self._reports for x in r["lengths"][-share:]],
-            }
+            returns, lengths = pooled_window(self._reports, self.config.return_window)
+            snapshot.episode_window = {"returns": returns, "lengths": lengths}
         return snapshot
 
     def checkpoint(self, *, final: bool = False) -> str:

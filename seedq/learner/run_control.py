@@ -130,13 +130,19 @@ def process_report(stats: LearnerStats, returns, lengths, *, actors_exited: bool
     }
 
 
+def pooled_window(reports: list[dict], window: int) -> tuple[list[float], list[float]]:
+    """The group's return window: each process's latest ceil(window / processes)
+    episodes (returns, lengths), process by process."""
+    share = -(-window // len(reports))
+    return ([r for rep in reports for r in rep["returns"][-share:]],
+            [n for rep in reports for n in rep["lengths"][-share:]])
+
+
 def group_totals(reports: list[dict], window: int) -> dict:
     """The group's counters from every process's report: frames and episodes
-    summed, and the return window pooled from each process's latest
-    ceil(window / processes) episodes (full once the pool holds `window`)."""
-    share = -(-window // len(reports))
-    returns = [r for rep in reports for r in rep["returns"][-share:]]
-    lengths = [n for rep in reports for n in rep["lengths"][-share:]]
+    summed, and the return window pooled (`pooled_window`; full once it
+    holds `window` episodes)."""
+    returns, lengths = pooled_window(reports, window)
     return {
         "frames": sum(rep["frames"] for rep in reports),
         "episodes": sum(rep["episodes"] for rep in reports),
