@@ -119,8 +119,24 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+def _has_google_pci_device() -> bool:
+    """Whether a Google PCI device (a TPU chip) is attached: what both
+    `AUTO_DETECTED` environments need, asked without importing JAX."""
+    import glob
+
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        with contextlib.suppress(OSError), open(vendor) as f:
+            if f.read().strip() == "0x1ae0":
+                return True
+    return False
+
+
 def detected_environment() -> str | None:
     """The JAX cluster environment this process runs in, of `AUTO_DETECTED`, or None."""
+    if not _has_google_pci_device():
+        # Off TPU hosts JAX is not imported here: `seedq train` starts its
+        # actors before JAX loads, so their start-up overlaps its import.
+        return None
     # Private but stable for years: jax lists its cluster environments here
     # and offers no public way to ask whether one is present.
     from jax._src import clusters
