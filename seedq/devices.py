@@ -27,6 +27,12 @@ The agents' losses are means over the whole batch, so XLA's SPMD partitioner
 computes per-device partial gradients and inserts the all-reduce that makes
 them the global mean; nothing here writes a collective by hand, and the
 sharded update equals the single-device one up to float summation order.
+
+A multi-host learner (seedq.distributed) splits each process's devices the
+same way, against its share of the batch, and trains over the global mesh of
+every process's training devices (`global_training_devices`): each process
+places its share of every batch (`make_array_from_process_local_data`) and
+reads replicated results through `local_copy`.
 """
 
 from __future__ import annotations
