@@ -229,8 +229,9 @@ _FATAL_MARKERS = (
     "Terminating process because the JAX distributed service detected fatal errors",
 )
 _PRELUDE = re.compile(r"^[WE]\d{4} [\d:.]+\s+\d+ (preemption_sync_manager|coordination_service\w*)\.cc:\d+\]")
-# Gloo's line per connected device pair, printed on every new collective: noise.
-_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+# Gloo's line per connected device pair, printed on every new collective
+# (from several threads at once, so pieces of them share lines): noise.
+_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to|peer ranks\. Expected number of connected peer ranks")
 
 
 def die_with_supervisor() -> None:
@@ -271,7 +272,7 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
 
     def pass_stdout():  # gloo prints its noise on stdout, next to the progress lines
         for line in child.stdout:
-            if not _NOISE.match(line):
+            if not _NOISE.search(line):
                 sys.stdout.write(line)
                 sys.stdout.flush()
 
@@ -293,7 +294,7 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
             if len(held) > 200:  # not a prelude after all
                 sys.stderr.writelines(held)
                 held.clear()
-        elif not _NOISE.match(line):
+        elif not _NOISE.search(line):
             sys.stderr.write(line)
             sys.stderr.flush()
     code = child.wait()

@@ -79,6 +79,22 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+class _GroupStopRequest:
+    """SIGTERM / SIGINT in a learner group: remembered ("terminated" /
+    "interrupted", the first one), for the reporter to ask the group to stop."""
+
+    def __init__(self):
+        self._reason: str | None = None
+
+    def handler(self, signum, frame) -> None:
+        if self._reason is None:
+            self._reason = "terminated" if signum == signal.SIGTERM else "interrupted"
+            print(f"\n{self._reason}: asking the learner group to stop", flush=True)
+
+    def reason(self) -> str | None:
+        return self._reason
+
+
 def spawn_actors(
     address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
 ) -> list[subprocess.Popen]:
@@ -173,9 +189,15 @@ def train(
     learner = None
     reporter = None
     stop_reason = "error"
-    previous_sigterm = None
+    previous_sigterm = previous_sigint = None
+    # A group stops together: SIGTERM and Ctrl-C on one process are a stop
+    # request the group decides on (every process then checkpoints the same
+    # step), not an exception that would leave this one saving alone.
+    group_stop = _GroupStopRequest()
     if threading.current_thread() is threading.main_thread():
-        previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler if group.multi else _raise_terminated)
+        if group.multi:
+            previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
     try:
         learner = Learner(config, address, group)
         resumed = resumed_from = None
@@ -206,7 +228,7 @@ def train(
             print(f"learner listening on {address}{member}", flush=True)
         reporter = RunReporter(
             config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
-            group=group,
+            group=group, stop_requested=group_stop.reason,
         )
         stop_reason = reporter.run_until_done(actors)
     except KeyboardInterrupt as e:
@@ -226,6 +248,8 @@ def train(
     summary = reporter.finish(stop_reason) if reporter is not None else None
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)
+    if previous_sigint is not None:
+        signal.signal(signal.SIGINT, previous_sigint)
     if summary is None and stop_reason == "terminated":
         return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
     if summary is None:

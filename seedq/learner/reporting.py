@@ -58,11 +58,14 @@ class RunReporter:
     def __init__(
         self, config: TrainConfig, learner, started: float, *, quiet: bool = False,
         resumed: "checkpoint.Snapshot | None" = None, resumed_from: str | None = None,
-        console=None, group: ProcessGroup = SOLO,
+        console=None, group: ProcessGroup = SOLO, stop_requested=lambda: None,
     ):
         self.config = config
         self.learner = learner
         self.group = group
+        # A group: this process's signal-made stop request ("terminated" / "interrupted"), or None.
+        self._stop_requested = stop_requested
+        self._group_stopped = False
         # The group's totals (frames, episodes, return window) of the latest
         # round, and process 0's copy of every process's report; None alone.
         self._totals: dict | None = None
@@ -167,7 +170,8 @@ class RunReporter:
                 return {"stop": "learner_error", "error": "; ".join(errors)}
             view = with_totals(stats, totals)
             actors_exited = all(r["actors_exited"] for r in reports)
-            reason = self.controller.stop_reason(view, actors_exited=actors_exited)
+            requested = [r["stop_request"] for r in reports if r.get("stop_request")]
+            reason = requested[0] if requested else self.controller.stop_reason(view, actors_exited=actors_exited)
             return {
                 "stop": reason,
                 "tick": stats.time >= next_log,
@@ -186,7 +190,8 @@ class RunReporter:
             time.sleep(GROUP_POLL_SECONDS)
             stats = self.learner.stats()
             actors_exited = bool(actors) and all(p.poll() is not None for p in actors)
-            decision = self._exchange(stats, actors_exited=actors_exited, decide=self._decide(stats, next_log))
+            decision = self._exchange(stats, actors_exited=actors_exited, decide=self._decide(stats, next_log),
+                                      stop_request=self._stop_requested())
             reason = decision.get("stop")
             if reason == "learner_error":
                 raise RuntimeError(f"the learner group failed ({decision['error']})") from stats.error
@@ -208,6 +213,7 @@ class RunReporter:
     def _stop_group(self) -> None:
         """Every process stops training after the same step; then one more
         round tells whether all did (else no final checkpoint is written)."""
+        self._group_stopped = True
         self.learner.request_group_stop()
         stopped = self.learner.wait_training_stopped(GROUP_STEP_WAIT_SECONDS)
 
@@ -355,7 +361,7 @@ class RunReporter:
         if self._eval_thread is not None:
             self._eval_thread.join()
         wall = self.elapsed()
-        if self.group.multi and (stop_reason == "error" or not self._final_checkpoint):
+        if self.group.multi and not (self._group_stopped and self._final_checkpoint):
             ckpt_dir = self.last_checkpoint  # the group cannot save one step together
         else:
             ckpt_dir = self.checkpoint(final=True)
