@@ -101,9 +101,11 @@ def _state_tree(state, rng) -> dict:
 
 
 class CheckpointWriter:
-    """Saves snapshots of one run; asynchronous unless asked to wait."""
+    """Saves snapshots of one run; asynchronous unless asked to wait (or
+    `asynchronous` is false: a multi-process learner's, whose processes call
+    `save` together, the way orbax saves multi-process state)."""
 
-    def __init__(self, logdir: str, keep: int):
+    def __init__(self, logdir: str, keep: int, *, asynchronous: bool = True):
         import orbax.checkpoint as ocp
 
         self.directory = os.path.abspath(os.path.join(logdir, DIRNAME))
@@ -111,7 +113,7 @@ class CheckpointWriter:
             self.directory,
             options=_options(
                 max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-                enable_async_checkpointing=True,
+                enable_async_checkpointing=asynchronous,
             ),
             item_handlers=_handlers(),
         )
@@ -174,6 +176,32 @@ class CheckpointWriter:
         self._manager.wait_until_finished()
         self.prune_replays()
         self._manager.close()
+
+
+def process_share(snapshot: Snapshot, index: int, size: int) -> Snapshot:
+    """The part of a checkpoint's counters one process of a group of `size`
+    continues from: its own frames, episodes and episode window when the
+    checkpoint was written by a group of that size (counters "processes"),
+    else process 0 takes the whole run's and the others start at zero. Alone
+    (`size` 1) the snapshot is returned as it is. Processes other than 0 also
+    fold their index into the inference RNG key (their own random stream)."""
+    if size == 1:
+        return snapshot
+    processes = snapshot.counters.get("processes")
+    if processes and len(processes) == size:
+        mine = processes[index]
+        frames, episodes, window = mine["frames"], mine["episodes"], mine["episode_window"]
+    elif index == 0:
+        frames, episodes, window = snapshot.counters["frames"], snapshot.counters["episodes"], snapshot.episode_window
+    else:
+        frames, episodes, window = 0, 0, {"returns": [], "lengths": []}
+    rng = snapshot.rng
+    if index:
+        rng = np.asarray(jax.random.fold_in(rng, index))
+    return dataclasses.replace(
+        snapshot, counters={**snapshot.counters, "frames": int(frames), "episodes": int(episodes)},
+        episode_window=dict(window), rng=rng,
+    )
 
 
 def locate(path: str) -> tuple[str, int]:

@@ -136,7 +136,11 @@ def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
             args.logdir = run_dir  # a fresh run, in that directory
     if resume is None:
         base = with_file(_default_config(args.env or data.get("env")))
-        return config_from_args(args, base=base).resolved(), None
+        config = config_from_args(args, base=base)
+        if config.distributed.explicit and not config.logdir:
+            # (A default run directory is named by time and pid: one per process.)
+            raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
+        return config.resolved(), None
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(_saved_config(resume, "--resume"))
@@ -720,6 +724,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "print_config", False):
             print(json.dumps(config_lib.to_dict(config), indent=2, sort_keys=True))
             return 0
+        from seedq import distributed
+
+        if distributed.needs_supervisor(config.distributed):
+            # A group's learner runs as a child: its lost-peer abort becomes one line.
+            group = config.distributed
+            address = config.address
+            return distributed.supervise(
+                list(sys.argv[1:] if argv is None else argv),
+                group.process_id if group.explicit else None, group.num_processes or None,
+                socket_path=address[5:] if address.startswith("unix:") else "",
+            )
+        distributed.die_with_supervisor()
         from seedq import local
 
         try:
@@ -730,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 1
+        except distributed.PeerLost as e:  # a group member stopped answering
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
+            return distributed.DEAD_PEER_EXIT_CODE
         # SIGTERM (stop_reason "terminated") is a clean stop: checkpointed, exit 0.
         return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
 

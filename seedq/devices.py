@@ -27,6 +27,12 @@ The agents' losses are means over the whole batch, so XLA's SPMD partitioner
 computes per-device partial gradients and inserts the all-reduce that makes
 them the global mean; nothing here writes a collective by hand, and the
 sharded update equals the single-device one up to float summation order.
+
+A multi-host learner (seedq.distributed) splits each process's devices the
+same way, against its share of the batch, and trains over the global mesh of
+every process's training devices (`global_training_devices`): each process
+places its share of every batch (`make_array_from_process_local_data`) and
+reads replicated results through `local_copy`.
 """
 
 from __future__ import annotations
@@ -104,10 +110,30 @@ def split_devices(devices: Sequence, wanted: DevicesConfig, batch_size: int,
 
 def resolve_split(config, devices: Sequence | None = None) -> DeviceSplit:
     """The split a run's `TrainConfig` asks for, over `devices` (default: this
-    host's devices)."""
+    host's devices). In a multi-host learner each process splits its own
+    devices against its share of the batch (batch / processes)."""
     batch_name, batch_size = config.training_batch
+    processes = jax.process_count()
+    if processes > 1:
+        batch_size //= processes
+        batch_name = f"{batch_name} / {processes} processes"
     return split_devices(jax.local_devices() if devices is None else devices, config.devices,
                          batch_size, batch_name)
+
+
+def global_training_devices(config) -> tuple:
+    """Every process's training devices, process by process: the global
+    training mesh of a multi-host learner. Each process applies the same
+    split rule to its own devices (hosts alike), so no process has to ask
+    the others; process p's devices hold rows p*B/P .. (p+1)*B/P - 1 of every
+    global batch."""
+    by_process: dict[int, list] = {}
+    for d in jax.devices():
+        by_process.setdefault(d.process_index, []).append(d)
+    devices = []
+    for p in sorted(by_process):
+        devices += resolve_split(config, by_process[p]).training
+    return tuple(devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,14 +152,53 @@ class DataParallel:
     def num_devices(self) -> int:
         return self.mesh.size
 
+    @property
+    def multi_process(self) -> bool:
+        """Whether the mesh spans several processes (a multi-host learner)."""
+        return not self.batch_sharding.is_fully_addressable
+
     def place_batch(self, batch):
         """A host batch ({name: [B, ...]}) on the training devices, each holding
-        B / num_devices consecutive rows of every field."""
+        B / num_devices consecutive rows of every field. Across processes the
+        batch is this process's share, and the result the global batch."""
+        if self.multi_process:
+            return jax.tree.map(
+                lambda x: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(x)), batch
+            )
         return jax.device_put(batch, self.batch_sharding)
 
     def place_state(self, state):
-        """The learner state (parameters, optimiser state, counters) copied to every training device."""
+        """The learner state (parameters, optimiser state, counters) copied to
+        every training device (of every process: each passes the same values)."""
+        if self.multi_process:
+            def replicate(x):
+                x = np.asarray(x)
+                return jax.make_array_from_callback(x.shape, self.replicated, lambda index: x[index])
+
+            return jax.tree.map(replicate, jax.device_get(state))
         return jax.device_put(state, self.replicated)
+
+    def local_rows(self, x):
+        """This process's rows of a replicated [B, ...] result (R2D2's
+        priorities), as numpy; the whole array in one process."""
+        x = np.asarray(local_copy(x))
+        processes = jax.process_count()
+        if not self.multi_process or processes == 1:
+            return x
+        share = x.shape[0] // processes
+        index = jax.process_index()
+        return x[index * share:(index + 1) * share]
+
+
+def local_copy(tree):
+    """A replicated (possibly multi-process) array tree as arrays on one of
+    this process's devices: what can be read, published or copied on."""
+    def local(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x.addressable_data(0)
+        return x
+
+    return jax.tree.map(local, tree)
 
 
 def batch_mesh(devices: Sequence) -> Mesh:

@@ -7,6 +7,7 @@ start-up overlaps the learner's JAX start-up; they retry until it listens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import threading
 import time
 import uuid
 
-from seedq import channel
+from seedq import channel, distributed
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
@@ -78,6 +79,22 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+class _GroupStopRequest:
+    """SIGTERM / SIGINT in a learner group: remembered ("terminated" /
+    "interrupted", the first one), for the reporter to ask the group to stop."""
+
+    def __init__(self):
+        self._reason: str | None = None
+
+    def handler(self, signum, frame) -> None:
+        if self._reason is None:
+            self._reason = "terminated" if signum == signal.SIGTERM else "interrupted"
+            print(f"\n{self._reason}: asking the learner group to stop", flush=True)
+
+    def reason(self) -> str | None:
+        return self._reason
+
+
 def spawn_actors(
     address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
 ) -> list[subprocess.Popen]:
@@ -121,10 +138,21 @@ def train(
     `started` (time.monotonic()) is when the command started; seconds-to-target
     and wall time count from it. `resume` (a run directory, a checkpoint) continues
     from that checkpoint; `config.logdir` should then be the run's directory.
+
+    With `config.distributed` naming a group (or one detected on Cloud TPU),
+    this process joins it first, before any other JAX use; process 0 alone
+    writes the run directory (docs/devices.md "Multi-host").
     """
     started = time.monotonic() if started is None else started
     config = config.resolved()
     config.validate()
+    group = distributed.initialize(config.distributed)
+    if group.multi and config.architecture == "impala":
+        raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
+                         "the multi-host learner serves SEED actors")
+    if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
+        # Each process has its own replay; orbax would keep only process 0's.
+        config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
     address = config.address or default_address()
     channel.check_exposure(config, address)
     # Unreadable credential files fail here, in one line, before JAX starts.
@@ -148,28 +176,37 @@ def train(
             jax.eval_shape(lambda: jax.random.PRNGKey(0)),
             env=config.env,
         )
-    os.makedirs(config.logdir, exist_ok=True)
+    if group.multi:
+        _check_one_resume(group, resume)
+    if group.is_leader:
+        os.makedirs(config.logdir, exist_ok=True)
 
     # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
-    stats_dir = os.path.join(config.logdir, "actors")
-    if with_actors:
+    stats_dir = os.path.join(config.logdir, "actors") if group.is_leader else None
+    if with_actors and stats_dir:
         os.makedirs(stats_dir, exist_ok=True)
     actors = spawn_actors(address, config, stats_dir) if with_actors else []
     learner = None
     reporter = None
     stop_reason = "error"
-    previous_sigterm = None
+    previous_sigterm = previous_sigint = None
+    # A group stops together: SIGTERM and Ctrl-C on one process are a stop
+    # request the group decides on (every process then checkpoints the same
+    # step), not an exception that would leave this one saving alone.
+    group_stop = _GroupStopRequest()
     if threading.current_thread() is threading.main_thread():
-        previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler if group.multi else _raise_terminated)
+        if group.multi:
+            previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
     try:
-        learner = Learner(config, address)
+        learner = Learner(config, address, group)
         resumed = resumed_from = None
         if resume is not None:
             resumed, resumed_from = checkpoint.restore(
                 resume, learner.state, learner.inference.rng, env=config.env,
                 with_replay=learner.checkpoints_replay,
             )
-            learner.restore(resumed)
+            learner.restore(checkpoint.process_share(resumed, group.index, group.size))
             if not quiet:
                 c = resumed.counters
                 replay = (
@@ -183,12 +220,15 @@ def train(
                     flush=True,
                 )
         # Saved once the config is known to fit (a bad --resume override leaves it alone).
-        config_lib.save(config, os.path.join(config.logdir, "config.json"))
+        if group.is_leader:
+            config_lib.save(config, os.path.join(config.logdir, "config.json"))
         address = learner.start()
         if not with_actors and not quiet:
-            print(f"learner listening on {address}", flush=True)
+            member = f" ({group.describe()})" if group.multi else ""
+            print(f"learner listening on {address}{member}", flush=True)
         reporter = RunReporter(
-            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from
+            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
+            group=group, stop_requested=group_stop.reason,
         )
         stop_reason = reporter.run_until_done(actors)
     except KeyboardInterrupt as e:
@@ -208,11 +248,31 @@ def train(
     summary = reporter.finish(stop_reason) if reporter is not None else None
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)
+    if previous_sigint is not None:
+        signal.signal(signal.SIGINT, previous_sigint)
     if summary is None and stop_reason == "terminated":
         return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
     if summary is None:
         raise RuntimeError("the learner failed to start; see the log above")
     return summary
+
+
+def _check_one_resume(group, resume: str | None) -> None:
+    """A group starts from one state: every process resumes the same checkpoint
+    step, or none does (processes that do not see one run directory would
+    otherwise train from different parameters)."""
+    step = checkpoint.locate(resume)[1] if resume is not None else None
+    decision = group.exchange(
+        {"resume_step": step},
+        lambda reports: {"steps": [r["resume_step"] for r in reports]},
+    )
+    steps = decision["steps"]
+    if len(set(steps)) > 1:
+        seen = ", ".join(f"process {i}: {'step ' + str(s) if s is not None else 'none'}" for i, s in enumerate(steps))
+        raise ValueError(
+            f"the learner group does not resume from one checkpoint ({seen}); its processes need one "
+            "run directory that all of them see"
+        )
 
 
 def read_summary(logdir: str) -> dict:

@@ -189,11 +189,6 @@ def test_data_parallel_update_on_4_devices_equals_the_single_device_update(measu
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason=(
-    "the networks flatten time-major [T, B] to [T*B] (seedq/agents/vtrace/networks.py, "
-    "seedq/agents/r2d2/networks.py): with B sharded that reshape makes XLA all-gather the "
-    "activations and compute the weight gradients whole on every device; flattening "
-    "batch-major (swapaxes, then reshape to [B*T]) fixes it (docs/devices.md)"))
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
 def test_the_update_all_reduces_gradients_and_gathers_no_activations(measured, agent):
     collectives = measured[agent]["collectives"]

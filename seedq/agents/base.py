@@ -72,7 +72,9 @@ class Agent(Protocol):
     def update(self, learner_state, batch) -> tuple[Any, dict[str, Any]]:
         """Pure, jittable: one optimiser step on a training batch."""
 
-    def make_batch_source(self, queue) -> BatchSource: ...
+    # `batch_size`: sequences per batch when not the config's (a multi-host
+    # learner's process takes its share of the global batch).
+    def make_batch_source(self, queue, batch_size: int | None = None) -> BatchSource: ...
 
 
 class FifoBatches:

@@ -30,6 +30,19 @@ NETWORKS = ("mlp", "small_cnn", "nature_cnn", "impala_cnn")
 MIN_IMAGE_SIDE = {"small_cnn": 3, "nature_cnn": 36, "impala_cnn": 1}
 
 
+def merge_time_batch(x: jax.Array) -> jax.Array:
+    """[T, B, ...] -> [B*T, ...], batch-major: each env's steps stay together,
+    so a batch sharded along B (data-parallel training, seedq.devices) stays
+    sharded through the merge. A time-major merge ([T*B]) cannot keep that
+    sharding, and XLA all-gathers the activations to every device instead."""
+    return jnp.swapaxes(x, 0, 1).reshape(x.shape[1] * x.shape[0], *x.shape[2:])
+
+
+def split_time_batch(x: jax.Array, T: int, B: int) -> jax.Array:
+    """The inverse of `merge_time_batch`: [B*T, ...] -> [T, B, ...]."""
+    return jnp.swapaxes(x.reshape(B, T, *x.shape[1:]), 0, 1)
+
+
 def _to_float(obs: jax.Array) -> jax.Array:
     """uint8 pixels -> [0, 1] floats (through the int8-aware hook); floats unchanged."""
     if obs.dtype == jnp.uint8:

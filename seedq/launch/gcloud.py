@@ -247,9 +247,16 @@ def tpu_vm_plan(config: TrainConfig, opts: VmOptions) -> list[Step]:
     for local, remote in copies.items():
         steps.append(Step(("gcloud", "compute", "tpus", "tpu-vm", "scp", local, f"{node}:{VM_DIR}/{remote}",
                            "--worker=all", *scope)))
+    if tpu.hosts > 1:
+        # A learner group needs a run directory every worker sees and actors on
+        # every worker (`seedq launch k8s` renders both); the VMs here have
+        # neither, so each worker's learner stays on its own (no auto-detected
+        # group, which would wait for batches from workers without actors).
+        config = dataclasses.replace(
+            config, distributed=dataclasses.replace(config.distributed, auto_detect=False))
     steps.append(Step((*ssh, "--command=" + _start_learner_shell(config, opts, "jax[tpu]")),
-                      comment="Install seedq and start the learner on every worker (a multi-host learner "
-                              "needs issue 13's distributed learner; until then actors use worker 0)."))
+                      comment="Install seedq and start the learner on every worker; the actors use "
+                              "worker 0 (a multi-host learner group: seedq launch k8s, docs/devices.md)."))
     steps.append(Step(("gcloud", "compute", "tpus", "tpu-vm", "describe", node,
                        "--format=value(networkEndpoints[0].ipAddress)", *scope), capture="LEARNER_IP"))
     steps += _actor_steps(config, opts, f"${{LEARNER_IP}}:{opts.port}")

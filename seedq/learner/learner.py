@@ -26,7 +26,10 @@ from seedq import grpc_setup, jax_setup, schema
 from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.config import TrainConfig
-from seedq.devices import data_parallel, inference_placement, resolve_split
+from seedq.devices import (
+    data_parallel, global_training_devices, inference_placement, local_copy, resolve_split,
+)
+from seedq.distributed import SOLO, ProcessGroup
 from seedq.envs import env_spec
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
@@ -43,8 +46,15 @@ LONG_GAP_SECONDS = 0.5
 
 
 class Learner:
-    def __init__(self, config: TrainConfig, address: str):
+    """`group`: the learner processes of a multi-host learner (seedq.distributed;
+    SOLO: this process alone). In a group every process serves its own actors
+    and infers on its own inference devices, and all train one model
+    data-parallel over every process's training devices, each contributing
+    its share (batch / processes) of every global batch."""
+
+    def __init__(self, config: TrainConfig, address: str, group: ProcessGroup = SOLO):
         self.config = config
+        self.group = group
         self.requested_address = address
         jax_setup.configure()
         self.address: str | None = None
@@ -52,12 +62,20 @@ class Learner:
         self.agent = make_agent(config, self.spec)
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
+        if group.index:  # each process's actors explore with their own random stream
+            act_rng = jax.random.fold_in(act_rng, group.index)
         # Which devices run inference and which train (seedq.devices): on one
         # device both share it and nothing is placed explicitly; otherwise
         # training is data-parallel over its devices and the inference
         # parameters are copied to every inference device after each update.
         self.devices = resolve_split(config)
-        self._parallel = None if self.devices.shared else data_parallel(self.agent, self.devices.training)
+        # A group trains over every process's training devices, even where a
+        # process has one device that infers and trains.
+        self._training_devices = global_training_devices(config) if group.multi else self.devices.training
+        self._parallel = (
+            data_parallel(self.agent, self._training_devices)
+            if group.multi or not self.devices.shared else None
+        )
         self._inference_placement = (
             None if self.devices.shared else inference_placement(self.devices.inference)
         )
@@ -67,7 +85,7 @@ class Learner:
         # int8: the per-layer int8/fp32 choice at the server's padded batch
         # sizes, fixed for the run (seedq.quant.plan); None otherwise.
         plan = self.precision.plan_int8(
-            self.agent.inference_params(self.state), bucket_sizes(config.server.max_batch_size),
+            self.agent.inference_params(local_copy(self.state)), bucket_sizes(config.server.max_batch_size),
             force=config.quant.force_int8,
         )
         if plan is not None:
@@ -75,7 +93,12 @@ class Learner:
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
         self.table = EnvTable(self.episodes)
-        self.queue = UnrollQueue(config.server.queue_capacity_unrolls)
+        # A group's processes share the capacity, as they share the batch: the
+        # same unrolls in flight per update (policy lag) as one process has.
+        capacity = config.server.queue_capacity_unrolls
+        if group.multi:
+            capacity = max(capacity // group.size, config.training_batch[1] // group.size)
+        self.queue = UnrollQueue(capacity)
         self.inference = InferenceServer(
             self.agent,
             self.spec,
@@ -122,7 +145,26 @@ class Learner:
         self._server_error: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self._update = self._parallel.update if self._parallel else jax.jit(self.agent.update)
-        self.batches = self.agent.make_batch_source(self.queue)
+        _, batch_size = config.training_batch
+        self.batches = self.agent.make_batch_source(self.queue, batch_size // group.size)
+        # Group control, in band with the update (`_group_flags`): a stop
+        # request, and the number of checkpoint requests this process has
+        # received; the maximum over the group after a step says, identically
+        # on every process, whether to stop after that step and which
+        # checkpoint pins it (`pinned_snapshot`).
+        self._stop_requested = False
+        self._checkpoint_requests = 0
+        self._last_pin = 0
+        self._pins: dict[int, tuple] = {}
+        self._pinned = threading.Condition(self._state_lock)
+        # Set while training may run: a group's checkpoint parks every
+        # training thread at the pinned step until its save is done, because
+        # orbax's multi-process saves use device collectives of their own
+        # (barriers, broadcasts of the step list), which must not interleave
+        # with the update's.
+        self._may_train = threading.Event()
+        self._may_train.set()
+        self._group_flags = _group_flags_fn(self._parallel) if group.multi else None
 
     @property
     def int8_plan(self):
@@ -132,7 +174,7 @@ class Learner:
     def published_params(self, state):
         """The parameters the server acts with: the agent's fp32 inference
         parameters at the server's precision."""
-        params = self.precision.publish(self.agent.inference_params(state))
+        params = self.precision.publish(self.agent.inference_params(local_copy(state)))
         return params if self._inference_placement is None else jax.device_put(params, self._inference_placement)
 
     def _place_state(self, state):
@@ -292,8 +334,12 @@ class Learner:
                 with self._state_lock:
                     self.publish_seconds_total += time.perf_counter() - published
                     self.publishes += 1
+                if self.group.multi:
+                    metrics = {k: self._parallel.local_rows(v) if np.ndim(v) else v for k, v in metrics.items()}
                 self.batches.after_update(batch, metrics)
                 self._metrics_pending = metrics
+                if self._group_flags is not None and self._group_step_done(state):
+                    break
                 batch = next_batch
         except QueueClosed:
             pass
@@ -301,6 +347,60 @@ class Learner:
             log.exception("training failed")
             self.error = e
             self._stop.set()
+
+    def _group_step_done(self, state) -> bool:
+        """After a step of a group: pins the state for a checkpoint the group
+        asked for, and says whether the group stops after this step (the same
+        answer on every process: the flags are reduced over the group)."""
+        stop, checkpoints = self._group_flags(self._stop_requested, self._checkpoint_requests)
+        with self._state_lock:
+            pinned = checkpoints and checkpoints > self._last_pin
+            if pinned:
+                self._last_pin = checkpoints
+                self._may_train.clear()
+                self._pins[checkpoints] = (state, self.train_steps, self.trained_frames, self.version)
+                self._pinned.notify_all()
+        while pinned and not self._may_train.wait(0.2) and not self._stop.is_set():
+            pass  # parked until this process's save of the pinned step is done (`resume_training`)
+        return bool(stop)
+
+    def resume_training(self) -> None:
+        """Ends a group checkpoint's pause (see `_may_train`)."""
+        self._may_train.set()
+
+    def request_group_stop(self) -> None:
+        """A group's stop decision: every process stops after the same step."""
+        self._stop_requested = True
+
+    def request_checkpoint(self) -> int:
+        """A group's checkpoint decision; returns its number for `pinned_snapshot`."""
+        self._checkpoint_requests += 1
+        return self._checkpoint_requests
+
+    def pinned_snapshot(self, number: int, timeout: float) -> tuple | None:
+        """The (state, train_steps, trained_frames, version) of the step the
+        group pinned for checkpoint `number` (the same step on every process),
+        or None if training ended or `timeout` passed first."""
+        with self._state_lock:
+            self._pinned.wait_for(
+                lambda: number in self._pins or not self.training, timeout=timeout
+            )
+            pin = self._pins.pop(number, None)
+            for old in [n for n in self._pins if n < number]:
+                del self._pins[old]
+            return pin
+
+    @property
+    def training(self) -> bool:
+        """Whether the training thread is still running."""
+        return any(t.name == "seedq-train" and t.is_alive() for t in self._threads)
+
+    def wait_training_stopped(self, timeout: float) -> bool:
+        """Waits for the training thread to end (a group's stop); False if it has not."""
+        for thread in self._threads:
+            if thread.name == "seedq-train":
+                thread.join(timeout)
+        return not self.training
 
     def _record_step_time(self, now: float) -> None:
         """Books a train step's time (called under `_state_lock`)."""
@@ -329,6 +429,7 @@ class Learner:
             }
         else:
             zeros = source()
+        zeros = zeros if self._parallel is None else self._parallel.place_batch(zeros)
         jax.block_until_ready(self._update(self.state, zeros))  # result discarded
 
     def _frames_in(self, batch) -> int:
@@ -414,21 +515,30 @@ class Learner:
             actor_runs_started=table.runs_started, actor_runs_ended=table.runs_dropped,
             batch_source=dict(source_stats()) if source_stats is not None else {},
             int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
-            devices=self.devices.describe(),
+            devices=self.describe_devices(),
             **interval,
         )
 
-    def checkpoint_snapshot(self, *, counters: dict, target: dict):
+    def describe_devices(self) -> dict:
+        """Device ids per role (summary.json); a group's training devices are
+        every process's, and `processes` its size."""
+        devices = self.devices.describe()
+        if self.group.multi:
+            devices["training"] = [d.id for d in self._training_devices]
+            devices["processes"] = self.group.size
+        return devices
+
+    def checkpoint_snapshot(self, *, counters: dict, target: dict, pinned: tuple | None = None):
         """Everything needed to continue this run as host arrays (what `restore`
         reads back), a `checkpoint.Snapshot`; `counters` adds the run's own
         (elapsed seconds, segments), `target` when the target was reached."""
         from seedq.checkpoint import Snapshot
 
-        state, train_steps, trained_frames, version = self.snapshot()
+        state, train_steps, trained_frames, version = pinned or self.snapshot()
         episodes, _, _, _ = self.episodes.snapshot()
         returns, lengths = self.episodes.window()
         return Snapshot(
-            state=jax.device_get(state),
+            state=jax.device_get(local_copy(state)),
             rng=np.asarray(jax.device_get(self.inference.rng)),
             counters={
                 "train_steps": int(train_steps),
@@ -449,11 +559,29 @@ class Learner:
         pending = self._metrics_pending
         if pending is not None:
             self.last_metrics = {
-                k: float(v) for k, v in jax.device_get(pending).items() if np.ndim(v) == 0
+                k: float(v) for k, v in jax.device_get(local_copy(pending)).items() if np.ndim(v) == 0
             }
         return dict(self.last_metrics or {})
 
     def params_numpy(self):
-        return jax.device_get(self.state)
+        return jax.device_get(local_copy(self.state))
+
+
+def _group_flags_fn(parallel):
+    """flags(stop: bool, checkpoints: int) -> (any process stopping, the most
+    checkpoint requests any process has): a max over the group's training
+    mesh, run by every process's training thread after each step (in the same
+    order as the updates, so it cannot interleave differently between hosts)."""
+    import jax.numpy as jnp
+
+    local_devices = sum(1 for d in parallel.mesh.devices.flat if d.process_index == jax.process_index())
+    reduce = jax.jit(lambda flags: jnp.max(flags, axis=0), out_shardings=parallel.replicated)
+
+    def flags(stop: bool, checkpoints: int) -> tuple[int, int]:
+        local = np.tile(np.asarray([[int(stop), int(checkpoints)]], np.int32), (local_devices, 1))
+        out = reduce(jax.make_array_from_process_local_data(parallel.batch_sharding, local))
+        return tuple(int(v) for v in np.asarray(local_copy(out)))
+
+    return flags
 
 

@@ -114,3 +114,49 @@ class RunController:
             return False
         self._next_eval_time = now + self.config.eval_every_seconds
         return True
+
+
+def process_report(stats: LearnerStats, returns, lengths, *, actors_exited: bool) -> dict:
+    """What one learner process of a group tells process 0 each round (JSON):
+    its own counters and its latest episodes (`returns` / `lengths`, oldest first)."""
+    return {
+        "frames": int(stats.frames),
+        "episodes": int(stats.episodes),
+        "train_steps": int(stats.train_steps),
+        "returns": [float(r) for r in returns],
+        "lengths": [float(n) for n in lengths],
+        "actors_exited": bool(actors_exited),
+        "error": None if stats.error is None else f"{type(stats.error).__name__}: {stats.error}",
+    }
+
+
+def pooled_window(reports: list[dict], window: int) -> tuple[list[float], list[float]]:
+    """The group's return window: each process's latest ceil(window / processes)
+    episodes (returns, lengths), process by process."""
+    share = -(-window // len(reports))
+    return ([r for rep in reports for r in rep["returns"][-share:]],
+            [n for rep in reports for n in rep["lengths"][-share:]])
+
+
+def group_totals(reports: list[dict], window: int) -> dict:
+    """The group's counters from every process's report: frames and episodes
+    summed, and the return window pooled (`pooled_window`; full once it
+    holds `window` episodes)."""
+    returns, lengths = pooled_window(reports, window)
+    return {
+        "frames": sum(rep["frames"] for rep in reports),
+        "episodes": sum(rep["episodes"] for rep in reports),
+        "mean_return": sum(returns) / len(returns) if returns else None,
+        "mean_length": sum(lengths) / len(lengths) if lengths else None,
+        "return_window_full": len(returns) >= window,
+    }
+
+
+def with_totals(stats: LearnerStats, totals: dict | None) -> LearnerStats:
+    """`stats` with the group's counters in place of this process's own."""
+    if not totals:
+        return stats
+    return dataclasses.replace(
+        stats, frames=totals["frames"], episodes=totals["episodes"], mean_return=totals["mean_return"],
+        mean_length=totals["mean_length"], return_window_full=totals["return_window_full"],
+    )

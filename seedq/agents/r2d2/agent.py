@@ -147,7 +147,7 @@ class R2D2Agent:
 
     # --- replay ---
 
-    def make_batch_source(self, queue) -> PrioritizedBatches:
+    def make_batch_source(self, queue, batch_size: int | None = None) -> PrioritizedBatches:
         cfg = self.config
         replay = PrioritizedReplay(
             cfg.replay_capacity,
@@ -159,7 +159,7 @@ class R2D2Agent:
         return PrioritizedBatches(
             queue,
             replay,
-            batch_size=cfg.batch_size,
+            batch_size=batch_size or cfg.batch_size,
             min_size=cfg.min_replay_size,
             replay_ratio=cfg.replay_ratio,
         )

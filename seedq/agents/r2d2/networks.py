@@ -23,7 +23,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seedq.agents.networks import Carry, DuelingHead, ScannedLSTM, make_torso
+from seedq.agents.networks import (
+    Carry, DuelingHead, ScannedLSTM, make_torso, merge_time_batch, split_time_batch,
+)
 
 class RecurrentQNetwork(nn.Module):
     """(obs [T, B, *obs], first [T, B], carry) -> (Q [T, B, A], carry after step T-1)."""
@@ -38,16 +40,16 @@ class RecurrentQNetwork(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
         T, B = obs.shape[:2]
-        x = make_torso(self.torso, self.hidden_sizes)(obs.reshape(T * B, *obs.shape[2:]))
+        x = make_torso(self.torso, self.hidden_sizes)(merge_time_batch(obs))
         if self.use_lstm:
             carry, y = ScannedLSTM(self.lstm_size, name="lstm")(
-                carry, (x.reshape(T, B, -1), first)
+                carry, (split_time_batch(x, T, B), first)
             )
-            y = y.reshape(T * B, -1)
+            y = merge_time_batch(y)
         else:
             y = nn.relu(nn.Dense(self.lstm_size, name="feedforward")(x))
         q = DuelingHead(self.num_actions, self.head_hidden_size)(y)
-        return q.reshape(T, B, self.num_actions), carry
+        return split_time_batch(q, T, B), carry
 
     def initial_carry(self, batch_size: int) -> Optional[Carry]:
         if not self.use_lstm:

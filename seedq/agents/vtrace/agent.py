@@ -146,8 +146,8 @@ class VTraceAgent:
     def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         return {}
 
-    def make_batch_source(self, queue) -> FifoBatches:
-        return FifoBatches(queue, self.config.batch_size)
+    def make_batch_source(self, queue, batch_size: int | None = None) -> FifoBatches:
+        return FifoBatches(queue, batch_size or self.config.batch_size)
 
     def init(self, rng: jax.Array) -> LearnerState:
         params = self.network.init(rng, *self._example_inputs())

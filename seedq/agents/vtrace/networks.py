@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seedq.schema import StepFieldSpec
-from seedq.agents.networks import Carry, ScannedLSTM, make_torso
+from seedq.agents.networks import Carry, ScannedLSTM, make_torso, merge_time_batch, split_time_batch
 from seedq.agents.vtrace import losses
 
 # log_std is clipped to this range in every use (keeps exp() sane early in training).
@@ -59,21 +59,22 @@ class PolicyValueNetwork(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array, first: jax.Array, carry: Optional[Carry]):
         T, B = obs.shape[:2]
-        flat = obs.reshape(T * B, *obs.shape[2:])
+        flat = merge_time_batch(obs)
         # tanh MLPs (the CartPole defaults were tuned with them); ReLU CNNs.
         x = make_torso(self.torso, self.hidden_sizes, nn.tanh)(flat)
         if self.use_lstm:
-            carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (x.reshape(T, B, -1), first))
-            x = y.reshape(T * B, -1)
+            carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (split_time_batch(x, T, B), first))
+            x = merge_time_batch(y)
         if self.shared_torso:
             value_x = x
         else:  # feed-forward only (TrainConfig.validate)
             value_x = make_torso(self.torso, self.hidden_sizes, nn.tanh, "value_torso")(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
-        )(x).reshape(T, B, self.num_outputs)
+        )(x)
+        policy = split_time_batch(policy, T, B)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value")(value_x)
-        value = value.reshape(T, B)
+        value = split_time_batch(value, T, B)[..., 0]
         if not self.continuous:
             return {"logits": policy}, value, carry
         log_std = self.param(
