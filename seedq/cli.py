@@ -313,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
+    add_config_flags(tp, config_lib.ServerConfig, "server.")
     stuck = bench_sub.add_parser(
         "stuck",
         help="a healthy actor's round trip with and without stuck (and slow) actors, in one run",
@@ -797,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_seconds=args.warmup_seconds,
                     train=not args.no_train,
                     devices=config_from_args(args, config_lib.DevicesConfig, "devices."),
+                    server=config_from_args(args, config_lib.ServerConfig, "server."),
                 )
             except (ValueError, RuntimeError) as e:
                 print(f"seedq bench throughput: {e}", file=sys.stderr)

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from seedq import cli
-from seedq.launch import gcloud, k8s
-from seedq.launch.options import K8sOptions, VmOptions
+from seedq.launch import k8s
+from seedq.launch.options import K8sOptions
 from seedq.launch.tpu import tpu_slice
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

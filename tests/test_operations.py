@@ -290,6 +290,8 @@ def run_cli(args, capsys):
         (["train", "--resume", "{missing}"], 1, "no such run directory"),
         (["learner", "--resume", "{missing}"], 1, "no such run directory"),
         (["eval", "{missing}"], 1, "no such run directory or checkpoint"),
+        (["bench", "throughput", "--server.batch-timeout-ms", "-1"], 1,
+         "seedq bench throughput: server.batch_timeout_ms=-1.0: must be >= 0"),
         (["train", "--resume", "{empty}"], 1, "not a seedq run directory (no config.json)"),
         (["train", "--resume", "{no_checkpoint}"], 1, "no checkpoint in it"),
         (["train", "--resume", "{run}", "--vtrace.hidden-sizes", "32"], 1,

@@ -54,14 +54,14 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
 
 def system_fps(
     env_id: str, num_actors: int, envs_per_actor: int, seconds: float, warmup_seconds: float, train: bool,
-    devices=None,
+    devices=None, server=None,
 ) -> dict:
-    from seedq.config import DevicesConfig, TrainConfig
+    from seedq.config import DevicesConfig, ServerConfig, TrainConfig
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 
     config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
-                         devices=devices or DevicesConfig())
+                         devices=devices or DevicesConfig(), server=server or ServerConfig())
     config.validate()
     with tempfile.TemporaryDirectory(prefix="seedq-bench-") as stats_dir:
         address = default_address()
@@ -133,10 +133,17 @@ def run(
     warmup_seconds: float = 3.0,
     train: bool = True,
     devices=None,
+    server=None,
 ) -> dict:
-    """`devices`: a `DevicesConfig` split for the learner (default: auto)."""
+    """`devices`: a `DevicesConfig` split for the learner (default: auto);
+    `server`: the learner's `ServerConfig` (batcher settings; default: defaults)."""
+    from seedq.config import DevicesConfig, ServerConfig, TrainConfig
+
+    # Bad flags are refused before the raw phase spends its seconds.
+    TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
+                devices=devices or DevicesConfig(), server=server or ServerConfig()).validate()
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
-    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train, devices)
+    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train, devices, server)
     return {
         "env": env_id,
         "actors": num_actors,

@@ -109,7 +109,7 @@ def _start_learner_shell(config: TrainConfig, opts: VmOptions, jax_extra: str) -
     # scp leaves the copied credentials world-readable (umask): only the ssh user may read them.
     private = " ".join(f"{VM_DIR}/{name}" for name in learner_files(config).values())
     return (
-        f"set -e; sudo apt-get update -q && sudo apt-get install -yq python3-venv; "
+        "set -e; sudo apt-get update -q && sudo apt-get install -yq python3-venv; "
         + (f"chmod 0600 {private}; " if private else "")
         + f"mkdir -p {VM_DIR}; python3 -m venv {VM_DIR}/venv; "
         + _install_words(opts, f"{VM_DIR}/venv/bin/pip", jax_extra)
