@@ -52,17 +52,13 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
     return float(sum(rates))
 
 
-def system_fps(
-    env_id: str, num_actors: int, envs_per_actor: int, seconds: float, warmup_seconds: float, train: bool,
-    devices=None, server=None,
-) -> dict:
-    from seedq.config import DevicesConfig, ServerConfig, TrainConfig
+def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> dict:
+    """The SEED loop's frames/s for a validated TrainConfig (env, actors,
+    envs per actor, devices, server)."""
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 
-    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
-                         devices=devices or DevicesConfig(), server=server or ServerConfig())
-    config.validate()
+    num_actors = config.num_actors
     with tempfile.TemporaryDirectory(prefix="seedq-bench-") as stats_dir:
         address = default_address()
         actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
@@ -139,11 +135,11 @@ def run(
     `server`: the learner's `ServerConfig` (batcher settings; default: defaults)."""
     from seedq.config import DevicesConfig, ServerConfig, TrainConfig
 
-    # Bad flags are refused before the raw phase spends its seconds.
-    TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
-                devices=devices or DevicesConfig(), server=server or ServerConfig()).validate()
+    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
+                         devices=devices or DevicesConfig(), server=server or ServerConfig())
+    config.validate()  # bad flags are refused before the raw phase spends its seconds
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
-    system = system_fps(env_id, num_actors, envs_per_actor, seconds, warmup_seconds, train, devices, server)
+    system = system_fps(config, seconds, warmup_seconds, train)
     return {
         "env": env_id,
         "actors": num_actors,

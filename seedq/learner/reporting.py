@@ -114,15 +114,12 @@ class RunReporter:
         """Polls until a stop condition holds; returns its name."""
         if self.group.multi:
             return self._run_group_until_done(actors)
-        if self.config.stats_every_seconds and self._stats_thread is None:
-            self._stats_thread = threading.Thread(target=self._stats_loop, name="seedq-stats", daemon=True)
-            self._stats_thread.start()
+        self._start_stats_thread()
         next_log = time.monotonic() + self.config.log_every_seconds
         while True:
             time.sleep(POLL_SECONDS)
             stats = self.learner.stats()
-            actors_exited = bool(actors) and all(p.poll() is not None for p in actors)
-            reason = self.controller.stop_reason(stats, actors_exited=actors_exited)
+            reason = self.controller.stop_reason(stats, actors_exited=all_exited(actors))
             if reason == "learner_error":
                 raise RuntimeError("training thread failed") from stats.error
             if reason == "actors_exited":
@@ -140,6 +137,12 @@ class RunReporter:
                 self._checkpoints.prune_replays()  # the newest replay is complete: drop older ones
             if self.controller.eval_due(now):
                 self._start_periodic_eval()
+
+    def _start_stats_thread(self) -> None:
+        """stats.json every stats_every_seconds, written by process 0 alone."""
+        if self.config.stats_every_seconds and self._stats_thread is None and self.group.is_leader:
+            self._stats_thread = threading.Thread(target=self._stats_loop, name="seedq-stats", daemon=True)
+            self._stats_thread.start()
 
     # --- a group's rounds ---
 
@@ -182,15 +185,12 @@ class RunReporter:
 
     def _run_group_until_done(self, actors) -> str:
         """`run_until_done` of a group: one exchange round per poll, process 0 deciding."""
-        if self.config.stats_every_seconds and self._stats_thread is None and self.group.is_leader:
-            self._stats_thread = threading.Thread(target=self._stats_loop, name="seedq-stats", daemon=True)
-            self._stats_thread.start()
+        self._start_stats_thread()
         next_log = time.monotonic() + self.config.log_every_seconds
         while True:
             time.sleep(GROUP_POLL_SECONDS)
             stats = self.learner.stats()
-            actors_exited = bool(actors) and all(p.poll() is not None for p in actors)
-            decision = self._exchange(stats, actors_exited=actors_exited, decide=self._decide(stats, next_log),
+            decision = self._exchange(stats, actors_exited=all_exited(actors), decide=self._decide(stats, next_log),
                                       stop_request=self._stop_requested())
             reason = decision.get("stop")
             if reason == "learner_error":
@@ -407,3 +407,8 @@ class NoTensorBoard:
 
     def close(self) -> None:
         pass
+
+
+def all_exited(actors) -> bool:
+    """Whether the run had actor processes and every one of them has exited."""
+    return bool(actors) and all(p.poll() is not None for p in actors)
