@@ -78,16 +78,27 @@ class Agent(Protocol):
 
 
 class FifoBatches:
-    """On-policy batch source: sequences are trained on once, in arrival order."""
+    """On-policy batch source: sequences are trained on in arrival order, each
+    batch `reuse` times in a row (1: once)."""
 
-    def __init__(self, queue, batch_size: int):
+    def __init__(self, queue, batch_size: int, reuse: int = 1):
+        if reuse < 1:
+            raise ValueError(f"reuse must be >= 1, got {reuse}")
         self.queue = queue
         self.batch_size = batch_size
+        self.reuse = reuse
+        self._last = None
+        self._uses_left = 0
 
     def next_batch(self, stop):
+        if self._uses_left:
+            self._uses_left -= 1
+            return self._last
         while not stop.is_set():
             batch = self.queue.get(self.batch_size, timeout=0.2)
             if batch is not None:
+                if self.reuse > 1:
+                    self._last, self._uses_left = batch, self.reuse - 1
                 return batch
         return None
 

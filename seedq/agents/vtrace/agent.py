@@ -147,7 +147,7 @@ class VTraceAgent:
         return {}
 
     def make_batch_source(self, queue, batch_size: int | None = None) -> FifoBatches:
-        return FifoBatches(queue, batch_size or self.config.batch_size)
+        return FifoBatches(queue, batch_size or self.config.batch_size, self.config.reuse)
 
     def init(self, rng: jax.Array) -> LearnerState:
         params = self.network.init(rng, *self._example_inputs())
@@ -236,7 +236,10 @@ class VTraceAgent:
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
-        pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, vt.pg_advantages, valid)
+        advantages = vt.pg_advantages
+        if cfg.normalize_advantages:
+            advantages = losses.standardize(advantages, valid)
+        pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
         baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
         entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
         total = pg_loss + cfg.baseline_cost * baseline_loss + cfg.entropy_cost * entropy_loss

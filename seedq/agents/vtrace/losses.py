@@ -149,6 +149,22 @@ def _masked_mean(x: Array, mask: Array) -> Array:
     return jnp.sum(x * mask.astype(x.dtype)) / x.size
 
 
+def standardize(x: Array, mask: Array, eps: float = 1e-6) -> Array:
+    """(x - mean) / (std + eps) over the steps where mask is 1, the statistics
+    gradient-stopped; [T, B] -> [T, B] (masked steps come out arbitrary).
+
+    Used on advantages as PPO does: centring matters as much as scaling, since
+    on an all-positive-reward task like CartPole early advantages are all > 0
+    and scaling them alone pushes up every action taken.
+    """
+    chex.assert_equal_shape([x, mask])
+    mask = mask.astype(x.dtype)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    mean = jnp.sum(x * mask) / count
+    std = jnp.sqrt(jnp.sum(jnp.square(x - mean) * mask) / count)
+    return (x - jax.lax.stop_gradient(mean)) / jax.lax.stop_gradient(std + eps)
+
+
 def policy_gradient_loss_from_log_probs(log_pi_a: Array, advantages: Array, mask: Array) -> Array:
     """-sum(mask * log_pi_a * advantages) / (T*B), for any policy distribution.
 
