@@ -201,9 +201,11 @@ class VTraceConfig:
     entropy_cost: float = 0.01
     learning_rate: float = 3e-3
     # > 0: the learning rate falls linearly from learning_rate to 0 over this many
-    # trained env frames (train steps x batch_size x unroll_length), then stays 0;
-    # 0: constant (docs/learning.md).
-    learning_rate_decay_frames: int = 0
+    # trained env frames (train steps x batch_size x unroll_length / reuse), then
+    # stays 0; 0: constant; -1: over the run's budget, max_frames, or
+    # DEFAULT_DECAY_FRAMES when the run has none. Annealing is what keeps a
+    # solved run solved (docs/learning.md).
+    learning_rate_decay_frames: int = -1
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
     # Training rewards are clipped to [-reward_clip, reward_clip] where the
@@ -212,8 +214,10 @@ class VTraceConfig:
     reward_clip: float = 0.0
     # Rewards are multiplied by this (after clipping): keeps value targets, and
     # so the value loss's share of the clipped gradient norm, moderate on
-    # dense-reward tasks (returns are reported unscaled).
-    reward_scale: float = 1.0
+    # dense-reward tasks (returns are reported unscaled). At 1, CartPole's and
+    # Acrobot's targets of about +-100 saturate the shared tanh torso and the
+    # policy stops depending on the state (docs/learning.md).
+    reward_scale: float = 0.1
     # Divide the training rewards (after reward_clip and reward_scale) by the
     # running root mean square of the discounted return (the V-trace targets,
     # in reward units), so value targets stay near unit scale on any env
@@ -514,6 +518,13 @@ class TrainConfig:
                 f"server.queue_capacity_unrolls={self.server.queue_capacity_unrolls} must be "
                 f">= vtrace.batch_size={self.vtrace.batch_size}"
             )
+        if self.vtrace.learning_rate_decay_frames < -1:
+            raise ValueError(
+                f"vtrace.learning_rate_decay_frames={self.vtrace.learning_rate_decay_frames}: must be "
+                ">= 0, or -1 (over the run's max_frames)"
+            )
+        if self.vtrace.reuse < 1:
+            raise ValueError(f"vtrace.reuse={self.vtrace.reuse}: must be >= 1")
         if not 0.0 <= self.vtrace.discount <= 1.0:
             raise ValueError(f"vtrace.discount={self.vtrace.discount}: must be in [0, 1]")
         if not 0.0 <= self.vtrace.lambda_ <= 1.0:
@@ -553,7 +564,6 @@ class TrainConfig:
             "stats_every_seconds": self.stats_every_seconds,
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
-            "vtrace.learning_rate_decay_frames": self.vtrace.learning_rate_decay_frames,
             "server.batch_timeout_ms": self.server.batch_timeout_ms,
             "server.health_port": self.server.health_port,
             "atari.noop_max": self.atari.noop_max,
@@ -611,11 +621,26 @@ class TrainConfig:
         )
 
 
+# The learning rate's anneal horizon (vtrace.learning_rate_decay_frames -1)
+# for a run without max_frames: long past what the suite's non-Atari envs need
+# (5M), so an unbounded run still learns at close to the full rate for hours.
+DEFAULT_DECAY_FRAMES = 10_000_000
+
+
+def vtrace_for_run(config: "TrainConfig") -> VTraceConfig:
+    """config.vtrace with the anneal horizon resolved against the run's budget."""
+    vtrace = config.vtrace
+    if vtrace.learning_rate_decay_frames != -1:
+        return vtrace
+    horizon = config.max_frames or DEFAULT_DECAY_FRAMES
+    return dataclasses.replace(vtrace, learning_rate_decay_frames=horizon)
+
+
 # V-trace defaults for Box (continuous) action spaces, measured on
 # dmc:cartpole-swingup (docs/benchmarks.md, issue 3): longer unrolls with
-# lambda 0.95, a smaller learning rate, rewards scaled to keep the value loss
-# from dominating the clipped gradient, and a separate value torso. The
-# Discrete defaults above stay tuned for CartPole.
+# lambda 0.95, a smaller learning rate and entropy cost, and a separate value
+# torso. Both action families share the reward scale and the anneal
+# (docs/learning.md).
 CONTINUOUS_VTRACE = VTraceConfig(
     unroll_length=20,
     lambda_=0.95,

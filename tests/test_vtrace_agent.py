@@ -314,7 +314,7 @@ def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
     config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000)  # 16 x 10 per step
     schedule = learning_rate_schedule(config)
     assert [float(schedule(s)) for s in (0, 500, 1000, 2000)] == pytest.approx([6e-4, 3e-4, 0.0, 0.0])
-    assert float(learning_rate_schedule(VTraceConfig())(10**6)) == pytest.approx(3e-3)
+    assert float(learning_rate_schedule(VTraceConfig(learning_rate_decay_frames=0))(10**6)) == pytest.approx(3e-3)
     # The optimiser really uses it: 2 steps of horizon move the parameters, the third does not.
     agent = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=2 * 16 * 10))
     state = agent.init(jax.random.PRNGKey(0))
@@ -372,3 +372,66 @@ def test_return_normalisation_makes_the_loss_independent_of_the_reward_scale():
     valid_steps = 10 * 4  # no episode ends in _record's batch
     assert float(new_state.params["return_stats"]["count"]) == valid_steps
     assert float(metrics["return/rms"]) == 1.0  # nothing seen before this update
+
+
+@pytest.mark.unit
+def test_the_anneal_horizon_is_the_runs_frame_budget():
+    """-1 (the default) anneals over max_frames; without one over DEFAULT_DECAY_FRAMES;
+    reuse trains each batch several times without shortening the horizon in env frames."""
+    from seedq.agents import make_agent
+    from seedq.config import DEFAULT_DECAY_FRAMES, TrainConfig, vtrace_for_run
+
+    assert VTraceConfig().learning_rate_decay_frames == -1
+    assert vtrace_for_run(TrainConfig(max_frames=500_000)).learning_rate_decay_frames == 500_000
+    assert vtrace_for_run(TrainConfig()).learning_rate_decay_frames == DEFAULT_DECAY_FRAMES
+    constant = TrainConfig(max_frames=500_000, vtrace=VTraceConfig(learning_rate_decay_frames=0))
+    assert vtrace_for_run(constant).learning_rate_decay_frames == 0
+
+    frames_per_step = 16 * 10
+    agent = make_agent(TrainConfig(max_frames=500_000), CARTPOLE)
+    half = 250_000 // frames_per_step
+    assert float(agent.learning_rate(half)) == pytest.approx(0.5 * agent.config.learning_rate, rel=1e-3)
+    reused = make_agent(TrainConfig(max_frames=500_000, vtrace=VTraceConfig(reuse=2)), CARTPOLE)
+    assert float(reused.learning_rate(2 * half)) == pytest.approx(0.5 * agent.config.learning_rate, rel=1e-3)
+
+
+@pytest.mark.unit
+def test_reuse_hands_each_batch_out_that_many_times_in_arrival_order():
+    import threading
+
+    from seedq.agents.base import FifoBatches
+    from seedq.server.unrolls import UnrollQueue
+
+    queue = UnrollQueue(capacity=16)
+    queue.put({"x": np.arange(6)})
+    batches = FifoBatches(queue, batch_size=2, reuse=3)
+    stop = threading.Event()
+    got = [batches.next_batch(stop)["x"].tolist() for _ in range(7)]
+    assert got == [[0, 1]] * 3 + [[2, 3]] * 3 + [[4, 5]]
+    with pytest.raises(ValueError, match="reuse"):
+        FifoBatches(queue, batch_size=2, reuse=0)
+
+
+@pytest.mark.unit
+def test_standardize_matches_numpy_over_the_valid_steps():
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 5.0, (7, 5)).astype(np.float32)
+    mask = rng.random((7, 5)) < 0.7
+    out = np.asarray(losses.standardize(jnp.asarray(x), jnp.asarray(mask)))
+    kept = x[mask]
+    np.testing.assert_allclose(out[mask], (kept - kept.mean()) / kept.std(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_standardised_advantages_make_the_policy_loss_independent_of_the_reward_scale():
+    """Rewards that dwarf the (initial, near 0) values: the policy loss with
+    normalize_advantages is the same at x1000 and x4000, and not without it."""
+    def policy_loss(normalize, scale):
+        agent = VTraceAgent(CARTPOLE, VTraceConfig(normalize_advantages=normalize, reward_scale=1.0))
+        state = agent.init(jax.random.PRNGKey(0))
+        batch = _record(agent, state.params, steps=11, n=4)
+        batch = {**batch, "reward": np.abs(batch["reward"]) * scale}
+        return float(jax.jit(agent.loss)(state.params, batch)[1]["loss/policy"])
+
+    assert policy_loss(True, 4000.0) == pytest.approx(policy_loss(True, 1000.0), rel=1e-3)
+    assert policy_loss(False, 4000.0) == pytest.approx(4 * policy_loss(False, 1000.0), rel=1e-2)

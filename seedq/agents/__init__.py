@@ -10,8 +10,9 @@ def make_agent(config, spec):
     (`seedq.quant.mode.InferencePrecision`)."""
     if config.agent == "vtrace":
         from seedq.agents.vtrace.agent import VTraceAgent
+        from seedq.config import vtrace_for_run
 
-        return VTraceAgent(spec, config.vtrace, frame_stack=config.frame_stack)
+        return VTraceAgent(spec, vtrace_for_run(config), frame_stack=config.frame_stack)
     if config.agent == "r2d2":
         from seedq.agents.r2d2.agent import R2D2Agent
 

@@ -30,7 +30,7 @@ from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
-from seedq.config import VTraceConfig
+from seedq.config import DEFAULT_DECAY_FRAMES, VTraceConfig
 from seedq.schema import EnvSpec
 
 
@@ -49,11 +49,18 @@ RETURN_BATCH = "_return_batch"
 
 def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
     """Learning rate by train step: constant, or linear to 0 over
-    `learning_rate_decay_frames` trained frames (batch_size x unroll_length per step)."""
-    if not config.learning_rate_decay_frames:
+    `learning_rate_decay_frames` trained frames (batch_size x unroll_length per
+    step, each batch counted once however often `reuse` trains on it).
+
+    -1 (the run's budget) is resolved by `seedq.config.vtrace_for_run` when
+    there is a run; an agent built without one anneals over DEFAULT_DECAY_FRAMES."""
+    frames = config.learning_rate_decay_frames
+    if frames == -1:
+        frames = DEFAULT_DECAY_FRAMES
+    if not frames:
         return optax.constant_schedule(config.learning_rate)
-    frames_per_step = config.batch_size * config.unroll_length
-    steps = max(config.learning_rate_decay_frames // frames_per_step, 1)
+    frames_per_step = config.batch_size * config.unroll_length / config.reuse
+    steps = max(int(frames / frames_per_step), 1)
     return optax.linear_schedule(config.learning_rate, 0.0, steps)
 
 
