@@ -199,7 +199,9 @@ class VTraceConfig:
     clip_pg_rho_threshold: float = 1.0
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
-    learning_rate: float = 3e-3
+    # 3e-3 solved CartPole in fewer frames but let solved runs collapse to a
+    # constant action when trained on (docs/learning.md, "No unlearning").
+    learning_rate: float = 1e-3
     # > 0: the learning rate falls linearly from learning_rate to 0 over this many
     # trained env frames (train steps x batch_size x unroll_length / reuse), then
     # stays 0; 0: constant; -1: over the run's budget, max_frames, or
