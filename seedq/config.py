@@ -227,11 +227,14 @@ class VTraceConfig:
     normalize_returns: bool = False
     # Standardise the policy-gradient advantages over the batch's valid steps
     # (PPO's (A - mean) / std), so the policy's step size (and the entropy
-    # bonus's share of it) does not depend on the reward scale.
+    # bonus's share of it) does not depend on the reward scale. Off: it sped
+    # up Acrobot but collapsed CartPole at every learning rate tried
+    # (docs/learning.md).
     normalize_advantages: bool = False
     # Each batch of unrolls is trained on this many times in a row (sample
     # reuse: fewer env frames per update; V-trace's clipped importance weights
     # correct for the policy having moved since the batch was collected).
+    # 1: at 2, CartPole needed more frames and one seed collapsed (docs/learning.md).
     reuse: int = 1
     # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
     # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
