@@ -627,8 +627,9 @@ class TrainConfig:
 
 
 # The learning rate's anneal horizon (vtrace.learning_rate_decay_frames -1)
-# for a run without max_frames: long past what the suite's non-Atari envs need
-# (5M), so an unbounded run still learns at close to the full rate for hours.
+# for a run without max_frames: twice the suite's longest non-Atari budget
+# (5M). Past it the rate is 0, so a longer run needs --max-frames (or an
+# explicit horizon) to keep learning.
 DEFAULT_DECAY_FRAMES = 10_000_000
 
 
