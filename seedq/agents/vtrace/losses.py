@@ -22,6 +22,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from seedq.agents import health
+
 Array = chex.Array
 Numeric = Union[chex.Array, float]
 
@@ -157,11 +159,7 @@ def standardize(x: Array, mask: Array, eps: float = 1e-6) -> Array:
     on an all-positive-reward task like CartPole early advantages are all > 0
     and scaling them alone pushes up every action taken.
     """
-    chex.assert_equal_shape([x, mask])
-    mask = mask.astype(x.dtype)
-    count = jnp.maximum(jnp.sum(mask), 1.0)
-    mean = jnp.sum(x * mask) / count
-    std = jnp.sqrt(jnp.sum(jnp.square(x - mean) * mask) / count)
+    mean, std = health.masked_mean_std(x, mask.astype(x.dtype))
     return (x - jax.lax.stop_gradient(mean)) / jax.lax.stop_gradient(std + eps)
 
 
