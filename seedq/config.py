@@ -313,6 +313,13 @@ class R2D2Config:
     # are not stored in replay (their episodes still count in the returns).
     eval_envs: int = 0
     eval_epsilon: float = 0.001
+    # The run's return (progress line, --target-return, summary, curves)
+    # counts the episodes of the envs acting with epsilon <= this (those of the
+    # least-exploring env when none does), so it measures the near-greedy
+    # policy, as DQN's evaluation epsilons of 0.001-0.05 do; the spread's most
+    # exploring envs end the most episodes and would dominate a mean over all.
+    # 1: every env. With 64 envs, 27 report (docs/learning.md, "R2D2").
+    report_epsilon: float = 0.01
     # Save the replay (sequences, priorities, counters) with the newest
     # checkpoint and restore it on --resume; false: a resumed run refills an
     # empty replay (and nothing of it is saved).
@@ -592,7 +599,7 @@ class TrainConfig:
                      "value_rescaling_eps", "eval_envs"):
             if getattr(r, name) < 0:
                 raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be >= 0")
-        for name in ("discount", "priority_eta", "epsilon_base", "eval_epsilon"):
+        for name in ("discount", "priority_eta", "epsilon_base", "eval_epsilon", "report_epsilon"):
             if not 0.0 <= getattr(r, name) <= 1.0:
                 raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be in [0, 1]")
         if r.min_replay_size > r.replay_capacity:

@@ -469,3 +469,47 @@ def test_r2d2_learns_cartpole_within_a_frame_budget(tmp_path):
     assert summary["agent"] == "r2d2"
     assert summary["reached_target"] and summary["stop_reason"] == "target_return", summary
     assert summary["mean_return_at_target"] >= 300 and summary["frames_to_target"] <= 1_200_000
+
+
+@pytest.mark.unit
+def test_report_mask_keeps_the_near_greedy_envs():
+    eps = exploration_epsilons(np.arange(64), 64, R2D2Config())
+    mask = R2D2Agent(SPEC, R2D2Config(), num_envs=64).report_mask(np.arange(128))
+    np.testing.assert_array_equal(mask[:64], eps <= np.float32(0.01))
+    assert mask[:64].sum() == 27 and not mask[0] and mask[63]
+    np.testing.assert_array_equal(mask[64:], mask[:64])  # slots wrap around like the epsilons
+    # One env (epsilon 0.4) and report_epsilon 0.01: the least-exploring env still reports.
+    assert R2D2Agent(SPEC, R2D2Config(), num_envs=1).report_mask(np.arange(2)).tolist() == [True, True]
+    every = R2D2Agent(SPEC, dataclasses.replace(R2D2Config(), report_epsilon=1.0), num_envs=64)
+    assert every.report_mask(np.arange(64)).all()
+    # Eval envs (eval_epsilon 0.001) report.
+    with_eval = R2D2Agent(SPEC, dataclasses.replace(R2D2Config(), eval_envs=2), num_envs=8)
+    assert with_eval.report_mask(np.arange(8))[:2].all()
+
+
+@pytest.mark.unit
+def test_only_reported_envs_episodes_reach_the_episode_log():
+    """Every env ends an episode at every step; the log books those of the
+    reported slots only, while frames count every env."""
+    agent = R2D2Agent(SPEC, CFG, num_envs=8)
+    log = EpisodeLog(window=1000)
+    table = EnvTable(log)
+    server = InferenceServer(
+        agent, SPEC, table, UnrollQueue(1000), max_batch_size=8, batch_timeout_ms=0,
+        rng=jax.random.PRNGKey(0),
+    )
+    server.publish(agent.init(jax.random.PRNGKey(0)).params, 0)
+    entry, _ = server.connect("a", "run", 8)
+    env_ids = np.arange(8, dtype=np.int32)
+    for t in range(4):
+        # Episodes end at steps 1 and 3 (each a one-step episode after its reset
+    # step) and return 10 * env index + 1.
+        rewards = (10.0 * env_ids + 1).astype(np.float32)
+        ended = np.full(8, t % 2 == 1)
+        steps = codec.Steps(env_ids, rewards, ended, np.zeros(8, bool), np.zeros((8, 4), np.float32))
+        serve(server, entry, steps)
+    reported = agent.report_mask(np.arange(8))
+    assert 0 < reported.sum() < 8
+    returns, _ = log.window()
+    assert sorted(returns) == sorted(2 * (10.0 * np.arange(8)[reported] + 1).tolist())
+    assert table.frames == 32

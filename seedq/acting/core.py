@@ -75,6 +75,13 @@ class EpisodeTracker:
             self.returns, self.lengths = pad_rows(self.returns, size), pad_rows(self.lengths, size)
             self.needs_reset = pad_rows(self.needs_reset, size, fill=True)
 
+    def reported_episodes(self, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
+        """(returns, lengths) of the episodes `result` ended that count in the run's return."""
+        if self.report_mask is None:
+            return result.ended_returns, result.ended_lengths
+        keep = self.report_mask[result.ended_slots]
+        return result.ended_returns[keep], result.ended_lengths[keep]
+
     def start(self, slots: np.ndarray) -> None:
         """Fresh envs in `slots`: their next step starts an episode."""
         self.needs_reset[slots] = True
@@ -151,6 +158,15 @@ class ActingCore:
             self.inputs = self.agent.actor_inputs(slots)
             store_mask = getattr(self.agent, "store_mask", None)  # False: not recorded (R2D2's eval envs)
             self.store_mask = None if store_mask is None else np.asarray(store_mask(slots), bool)
+            report_mask = getattr(self.agent, "report_mask", None)  # False: not in the run's return
+            self.report_mask = None if report_mask is None else np.asarray(report_mask(slots), bool)
+
+    def reported_episodes(self, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
+        """(returns, lengths) of the episodes `result` ended that count in the run's return."""
+        if self.report_mask is None:
+            return result.ended_returns, result.ended_lengths
+        keep = self.report_mask[result.ended_slots]
+        return result.ended_returns[keep], result.ended_lengths[keep]
 
     def start(self, slots: np.ndarray) -> None:
         """Fresh envs in `slots` (a connected actor's block): episodes restart

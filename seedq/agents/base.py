@@ -37,6 +37,8 @@ class Agent(Protocol):
 
     * `store_mask(slots) -> bool [n]`: False for env slots whose steps are not
       recorded into sequences at all (R2D2's evaluation envs); default: all.
+    * `report_mask(slots) -> bool [n]`: False for env slots whose episodes do
+      not count in the run's return (R2D2's most exploring envs); default: all.
     * `greedy_actions(outputs)`: the greedy policy from `act`'s outputs
       (evaluation; an agent without it can only be evaluated with sampling).
     * on the batch source: `example_batch()` (compiles the update before data

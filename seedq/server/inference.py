@@ -307,7 +307,7 @@ class InferenceServer:
         result, self._rng = self.core.step(
             params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size
         )
-        self.table.book_episodes(n, result.ended_returns, result.ended_lengths)
+        self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
         self.stats.batches += 1
         self.stats.env_steps += n

@@ -121,6 +121,13 @@ class R2D2Agent:
     def actor_inputs(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         return {"epsilon": exploration_epsilons(slots, self.num_envs, self.config)}
 
+    def report_mask(self, slots: np.ndarray) -> np.ndarray:
+        """True for env slots whose episodes count in the run's return: those acting
+        with epsilon <= r2d2.report_epsilon, or the least-exploring env's when none does."""
+        every_env = exploration_epsilons(np.arange(self.num_envs), self.num_envs, self.config)
+        cut = max(np.float32(self.config.report_epsilon), every_env.min())
+        return exploration_epsilons(slots, self.num_envs, self.config) <= cut
+
     def store_mask(self, slots: np.ndarray) -> np.ndarray:
         """False for evaluation envs: the server does not record their steps."""
         return (np.asarray(slots, np.int64) % self.num_envs) >= self.config.eval_envs
