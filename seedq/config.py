@@ -274,6 +274,11 @@ class R2D2Config:
     discount: float = 0.99
     batch_size: int = 32  # sequences per train step
     learning_rate: float = 1e-3
+    # As vtrace.learning_rate_decay_frames: linear to 0 over this many env
+    # frames (a train step counts batch_size x trace_length / replay_ratio of
+    # them), 0: constant, -1: over the run's budget (DEFAULT_DECAY_FRAMES
+    # without one). A constant rate let solved CartPole runs fall back (docs/learning.md, "R2D2").
+    learning_rate_decay_frames: int = -1
     adam_eps: float = 1e-8
     # Gradients are clipped to this global norm.
     max_grad_norm: float = 10.0
@@ -602,6 +607,11 @@ class TrainConfig:
         for name in ("discount", "priority_eta", "epsilon_base", "eval_epsilon", "report_epsilon"):
             if not 0.0 <= getattr(r, name) <= 1.0:
                 raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be in [0, 1]")
+        if r.learning_rate_decay_frames < -1:
+            raise ValueError(
+                f"r2d2.learning_rate_decay_frames={r.learning_rate_decay_frames}: must be "
+                ">= 0, or -1 (over the run's max_frames)"
+            )
         if r.min_replay_size > r.replay_capacity:
             raise ValueError(
                 f"r2d2.min_replay_size={r.min_replay_size} must be <= r2d2.replay_capacity={r.replay_capacity}"
@@ -640,13 +650,14 @@ class TrainConfig:
 DEFAULT_DECAY_FRAMES = 10_000_000
 
 
-def vtrace_for_run(config: "TrainConfig") -> VTraceConfig:
-    """config.vtrace with the anneal horizon resolved against the run's budget."""
-    vtrace = config.vtrace
-    if vtrace.learning_rate_decay_frames != -1:
-        return vtrace
+def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
+    """The run's agent section (config.vtrace or config.r2d2) with the anneal
+    horizon -1 resolved against the run's budget."""
+    section = getattr(config, config.agent)
+    if section.learning_rate_decay_frames != -1:
+        return section
     horizon = config.max_frames or DEFAULT_DECAY_FRAMES
-    return dataclasses.replace(vtrace, learning_rate_decay_frames=horizon)
+    return dataclasses.replace(section, learning_rate_decay_frames=horizon)
 
 
 # V-trace defaults for Box (continuous) action spaces, measured on

@@ -14,6 +14,7 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import rlax
 
@@ -513,3 +514,46 @@ def test_only_reported_envs_episodes_reach_the_episode_log():
     returns, _ = log.window()
     assert sorted(returns) == sorted(2 * (10.0 * np.arange(8)[reported] + 1).tolist())
     assert table.frames == 32
+
+
+@pytest.mark.unit
+def test_r2d2_anneals_over_the_runs_budget_in_env_frames():
+    """A train step counts batch_size x trace_length / replay_ratio new frames:
+    the rate is half its start halfway through max_frames, 0 at the end."""
+    from seedq.agents import make_agent
+    from seedq.config import TrainConfig
+
+    r2d2 = dataclasses.replace(R2D2Config(), batch_size=16, trace_length=20, replay_ratio=8.0)
+    agent = make_agent(TrainConfig(agent="r2d2", max_frames=400_000, r2d2=r2d2), SPEC)
+    frames_per_step = 16 * 20 / 8.0
+    half = int(200_000 / frames_per_step)
+    assert float(agent.learning_rate(half)) == pytest.approx(0.5 * r2d2.learning_rate, rel=1e-3)
+    assert float(agent.learning_rate(2 * half)) == 0.0
+    constant = dataclasses.replace(r2d2, learning_rate_decay_frames=0)
+    agent = make_agent(TrainConfig(agent="r2d2", max_frames=400_000, r2d2=constant), SPEC)
+    assert float(agent.learning_rate(10 * half)) == r2d2.learning_rate
+    with pytest.raises(ValueError, match="r2d2.learning_rate_decay_frames"):
+        TrainConfig(agent="r2d2", r2d2=dataclasses.replace(r2d2, learning_rate_decay_frames=-2)).validate()
+
+
+@pytest.mark.unit
+def test_r2d2_annealed_step_is_adams_step_at_the_annealed_rate():
+    """update scales Adam's step by rate(step) / learning_rate: the same
+    parameters as Adam run at the annealed rate itself."""
+    from seedq.agents import make_agent
+    from seedq.config import TrainConfig
+
+    agent = make_agent(TrainConfig(agent="r2d2", max_frames=40_000), SPEC)
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = agent.make_batch_source(None).example_batch()
+    state = state._replace(step=jnp.asarray(100, jnp.int32))
+    rate = float(agent.learning_rate(state.step))
+    assert 0.0 < rate < agent.config.learning_rate
+    new_state, metrics = jax.jit(agent.update)(state, batch)
+    assert float(metrics["learning_rate"]) == pytest.approx(rate)
+    grads = jax.grad(lambda p: agent.loss(p, state.target_params, batch)[0])(state.params)
+    reference = optax.chain(optax.clip_by_global_norm(agent.config.max_grad_norm), optax.adam(rate, eps=agent.config.adam_eps))
+    updates, _ = reference.update(grads, reference.init(state.params), state.params)
+    want = optax.apply_updates(state.params, updates)
+    for got, expected in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(want)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)

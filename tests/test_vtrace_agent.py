@@ -379,13 +379,13 @@ def test_the_anneal_horizon_is_the_runs_frame_budget():
     """-1 (the default) anneals over max_frames; without one over DEFAULT_DECAY_FRAMES;
     reuse trains each batch several times without shortening the horizon in env frames."""
     from seedq.agents import make_agent
-    from seedq.config import DEFAULT_DECAY_FRAMES, TrainConfig, vtrace_for_run
+    from seedq.config import DEFAULT_DECAY_FRAMES, TrainConfig, agent_config_for_run
 
     assert VTraceConfig().learning_rate_decay_frames == -1
-    assert vtrace_for_run(TrainConfig(max_frames=500_000)).learning_rate_decay_frames == 500_000
-    assert vtrace_for_run(TrainConfig()).learning_rate_decay_frames == DEFAULT_DECAY_FRAMES
+    assert agent_config_for_run(TrainConfig(max_frames=500_000)).learning_rate_decay_frames == 500_000
+    assert agent_config_for_run(TrainConfig()).learning_rate_decay_frames == DEFAULT_DECAY_FRAMES
     constant = TrainConfig(max_frames=500_000, vtrace=VTraceConfig(learning_rate_decay_frames=0))
-    assert vtrace_for_run(constant).learning_rate_decay_frames == 0
+    assert agent_config_for_run(constant).learning_rate_decay_frames == 0
 
     frames_per_step = 16 * 10
     agent = make_agent(TrainConfig(max_frames=500_000), CARTPOLE)

@@ -34,6 +34,7 @@ import optax
 
 from seedq import schema
 from seedq.schema import EnvSpec, SequenceSpec, StepFieldSpec
+from seedq.agents import schedules
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.r2d2 import losses
@@ -94,6 +95,13 @@ class R2D2Agent:
             head_hidden_size=config.head_hidden_size,
             use_lstm=config.use_lstm,
         )
+        # Each sequence's loss region is trace_length new frames, sampled replay_ratio times.
+        frames_per_step = config.batch_size * config.trace_length / (config.replay_ratio or 1.0)
+        self.learning_rate = schedules.annealed_learning_rate(
+            config.learning_rate, config.learning_rate_decay_frames, frames_per_step)
+        # Adam keeps the constant rate, and `update` scales its step by the
+        # anneal: the optimiser state (so the checkpoint layout) stays that of
+        # runs from before the anneal existed, whose config.json lacks it.
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=config.adam_eps),
@@ -254,12 +262,15 @@ class R2D2Agent:
             state.params, state.target_params, batch
         )
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        learning_rate = self.learning_rate(state.step)
+        updates = optax.tree.scale(learning_rate / self.config.learning_rate, updates)
         params = optax.apply_updates(state.params, updates)
         step = state.step + 1
         target_params = optax.periodic_update(
             params, state.target_params, step, self.config.target_update_period
         )
         metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["learning_rate"] = learning_rate
         # Non-scalar: consumed (and removed) by PrioritizedBatches.after_update.
         metrics["priorities"] = priorities
         return LearnerState(params, target_params, opt_state, step), metrics

@@ -25,12 +25,12 @@ import optax
 
 from seedq.agents.base import FifoBatches
 from seedq.schema import SequenceSpec, StepFieldSpec
-from seedq.agents import health, normalization
+from seedq.agents import health, normalization, schedules
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
-from seedq.config import DEFAULT_DECAY_FRAMES, VTraceConfig
+from seedq.config import VTraceConfig
 from seedq.schema import EnvSpec
 
 
@@ -48,20 +48,11 @@ RETURN_BATCH = "_return_batch"
 
 
 def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
-    """Learning rate by train step: constant, or linear to 0 over
-    `learning_rate_decay_frames` trained frames (batch_size x unroll_length per
-    step, each batch counted once however often `reuse` trains on it).
-
-    -1 (the run's budget) is resolved by `seedq.config.vtrace_for_run` when
-    there is a run; an agent built without one anneals over DEFAULT_DECAY_FRAMES."""
-    frames = config.learning_rate_decay_frames
-    if frames == -1:
-        frames = DEFAULT_DECAY_FRAMES
-    if not frames:
-        return optax.constant_schedule(config.learning_rate)
+    """Learning rate by train step (`schedules.annealed_learning_rate`): a step
+    trains on batch_size x unroll_length frames, each batch counted once however
+    often `reuse` trains on it."""
     frames_per_step = config.batch_size * config.unroll_length / config.reuse
-    steps = max(int(frames / frames_per_step), 1)
-    return optax.linear_schedule(config.learning_rate, 0.0, steps)
+    return schedules.annealed_learning_rate(config.learning_rate, config.learning_rate_decay_frames, frames_per_step)
 
 
 class VTraceAgent:
