@@ -236,6 +236,11 @@ class VTraceConfig:
     # correct for the policy having moved since the batch was collected).
     # 1: at 2, CartPole needed more frames and one seed collapsed (docs/learning.md).
     reuse: int = 1
+    # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
+    # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
+    # as in Sample Factory), instead of V-trace's policy gradient; it bounds
+    # how far the repeated passes of `reuse` move the policy. 0: off.
+    ppo_clip: float = 0.0
     # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
     # pixels a side, as MinAtar's 10x10, else nature_cnn), mlp, small_cnn,
     # nature_cnn or impala_cnn.
@@ -530,6 +535,8 @@ class TrainConfig:
             )
         if self.vtrace.reuse < 1:
             raise ValueError(f"vtrace.reuse={self.vtrace.reuse}: must be >= 1")
+        if not 0.0 <= self.vtrace.ppo_clip < 1.0:
+            raise ValueError(f"vtrace.ppo_clip={self.vtrace.ppo_clip}: must be in [0, 1) (0: off)")
         if not 0.0 <= self.vtrace.discount <= 1.0:
             raise ValueError(f"vtrace.discount={self.vtrace.discount}: must be in [0, 1]")
         if not 0.0 <= self.vtrace.lambda_ <= 1.0:

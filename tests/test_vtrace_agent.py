@@ -435,3 +435,24 @@ def test_standardised_advantages_make_the_policy_loss_independent_of_the_reward_
 
     assert policy_loss(True, 4000.0) == pytest.approx(policy_loss(True, 1000.0), rel=1e-3)
     assert policy_loss(False, 4000.0) == pytest.approx(4 * policy_loss(False, 1000.0), rel=1e-2)
+
+
+@pytest.mark.unit
+def test_clipped_surrogate_gives_vtraces_gradient_on_policy_and_differs_once_the_policy_moved():
+    """On the policy that acted (ratio 1) ppo_clip's policy gradient is V-trace's;
+    once the parameters have moved, the two differ."""
+    def policy_grads(ppo_clip, params, batch):
+        agent = VTraceAgent(CARTPOLE, VTraceConfig(ppo_clip=ppo_clip, baseline_cost=0.0, entropy_cost=0.0))
+        return jax.grad(lambda p: agent.loss(p, batch)[0])(params)
+
+    agent = VTraceAgent(CARTPOLE, VTraceConfig())
+    params = agent.init(jax.random.PRNGKey(0)).params
+    batch = _record(agent, params, steps=11, n=4)
+    leaves = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+    on_policy_clip, on_policy_vtrace = leaves(policy_grads(0.2, params, batch)), leaves(policy_grads(0.0, params, batch))
+    np.testing.assert_allclose(on_policy_clip, on_policy_vtrace, rtol=1e-4, atol=1e-7)
+    assert np.abs(on_policy_clip).max() > 0
+
+    moved = jax.tree.map(lambda x: x + 0.3 * jnp.sign(x), params)
+    diff = leaves(policy_grads(0.2, moved, batch)) - leaves(policy_grads(0.0, moved, batch))
+    assert np.abs(diff).max() > 1e-4

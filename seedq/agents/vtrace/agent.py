@@ -243,10 +243,15 @@ class VTraceAgent:
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
-        advantages = vt.pg_advantages
+        # The clipped surrogate applies its own ratio; V-trace's gradient, its clipped weight.
+        advantages = vt.advantages if cfg.ppo_clip else vt.pg_advantages
         if cfg.normalize_advantages:
             advantages = losses.standardize(advantages, valid)
-        pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
+        if cfg.ppo_clip:
+            pg_loss = losses.clipped_surrogate_loss(
+                target_logp - behaviour_logp, advantages, valid, cfg.ppo_clip)
+        else:
+            pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
         baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
         entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
         total = pg_loss + cfg.baseline_cost * baseline_loss + cfg.entropy_cost * entropy_loss
