@@ -450,9 +450,12 @@ def test_clipped_surrogate_gives_vtraces_gradient_on_policy_and_differs_once_the
     batch = _record(agent, params, steps=11, n=4)
     leaves = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
     on_policy_clip, on_policy_vtrace = leaves(policy_grads(0.2, params, batch)), leaves(policy_grads(0.0, params, batch))
+    clip_agent = VTraceAgent(CARTPOLE, VTraceConfig(ppo_clip=0.2))
+    assert float(clip_agent.loss(params, batch)[1]["policy/clip_fraction"]) == 0.0
     np.testing.assert_allclose(on_policy_clip, on_policy_vtrace, rtol=1e-4, atol=1e-7)
     assert np.abs(on_policy_clip).max() > 0
 
     moved = jax.tree.map(lambda x: x + 0.3 * jnp.sign(x), params)
     diff = leaves(policy_grads(0.2, moved, batch)) - leaves(policy_grads(0.0, moved, batch))
     assert np.abs(diff).max() > 1e-4
+    assert 0.0 < float(clip_agent.loss(moved, batch)[1]["policy/clip_fraction"]) <= 1.0

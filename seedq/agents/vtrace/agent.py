@@ -263,6 +263,9 @@ class VTraceAgent:
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
+        if cfg.ppo_clip:  # PPO's clip fraction: how far the reused passes have moved the policy
+            clipped = (jnp.abs(rhos - 1.0) > cfg.ppo_clip).astype(jnp.float32) * valid
+            metrics["policy/clip_fraction"] = jnp.sum(clipped) / jnp.maximum(jnp.sum(valid), 1.0)
         if cfg.normalize_returns:
             # This batch's discounted returns in reward units, merged into the statistics by `update`.
             returns = (vt.targets * return_rms).reshape(-1, 1)
