@@ -311,7 +311,7 @@ def test_update_merges_the_batch_into_the_published_statistics():
 def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
     from seedq.agents.vtrace.agent import learning_rate_schedule
 
-    config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000)  # 16 x 10 per step
+    config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000, reuse=1)  # 16 x 10 per step
     schedule = learning_rate_schedule(config)
     assert [float(schedule(s)) for s in (0, 500, 1000, 2000)] == pytest.approx([6e-4, 3e-4, 0.0, 0.0])
     assert float(learning_rate_schedule(VTraceConfig(learning_rate_decay_frames=0))(10**6)) == pytest.approx(1e-3)
@@ -388,11 +388,11 @@ def test_the_anneal_horizon_is_the_runs_frame_budget():
     assert agent_config_for_run(constant).learning_rate_decay_frames == 0
 
     frames_per_step = 16 * 10
-    agent = make_agent(TrainConfig(max_frames=500_000), CARTPOLE)
+    agent = make_agent(TrainConfig(max_frames=500_000, vtrace=VTraceConfig(reuse=1)), CARTPOLE)
     half = 250_000 // frames_per_step
     assert float(agent.learning_rate(half)) == pytest.approx(0.5 * agent.config.learning_rate, rel=1e-3)
-    reused = make_agent(TrainConfig(max_frames=500_000, vtrace=VTraceConfig(reuse=2)), CARTPOLE)
-    assert float(reused.learning_rate(2 * half)) == pytest.approx(0.5 * agent.config.learning_rate, rel=1e-3)
+    reused = make_agent(TrainConfig(max_frames=500_000, vtrace=VTraceConfig(reuse=4)), CARTPOLE)
+    assert float(reused.learning_rate(4 * half)) == pytest.approx(0.5 * agent.config.learning_rate, rel=1e-3)
 
 
 @pytest.mark.unit
@@ -427,7 +427,9 @@ def test_standardised_advantages_make_the_policy_loss_independent_of_the_reward_
     """Rewards that dwarf the (initial, near 0) values: the policy loss with
     normalize_advantages is the same at x1000 and x4000, and not without it."""
     def policy_loss(normalize, scale):
-        agent = VTraceAgent(CARTPOLE, VTraceConfig(normalize_advantages=normalize, reward_scale=1.0))
+        # V-trace's policy gradient (ppo_clip 0): on policy, the clipped surrogate of
+        # standardised advantages is their mean, 0 at any scale.
+        agent = VTraceAgent(CARTPOLE, VTraceConfig(normalize_advantages=normalize, reward_scale=1.0, ppo_clip=0.0))
         state = agent.init(jax.random.PRNGKey(0))
         batch = _record(agent, state.params, steps=11, n=4)
         batch = {**batch, "reward": np.abs(batch["reward"]) * scale}
@@ -435,3 +437,27 @@ def test_standardised_advantages_make_the_policy_loss_independent_of_the_reward_
 
     assert policy_loss(True, 4000.0) == pytest.approx(policy_loss(True, 1000.0), rel=1e-3)
     assert policy_loss(False, 4000.0) == pytest.approx(4 * policy_loss(False, 1000.0), rel=1e-2)
+
+
+@pytest.mark.unit
+def test_clipped_surrogate_gives_vtraces_gradient_on_policy_and_differs_once_the_policy_moved():
+    """On the policy that acted (ratio 1) ppo_clip's policy gradient is V-trace's;
+    once the parameters have moved, the two differ."""
+    def policy_grads(ppo_clip, params, batch):
+        agent = VTraceAgent(CARTPOLE, VTraceConfig(ppo_clip=ppo_clip, baseline_cost=0.0, entropy_cost=0.0))
+        return jax.grad(lambda p: agent.loss(p, batch)[0])(params)
+
+    agent = VTraceAgent(CARTPOLE, VTraceConfig())
+    params = agent.init(jax.random.PRNGKey(0)).params
+    batch = _record(agent, params, steps=11, n=4)
+    leaves = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+    on_policy_clip, on_policy_vtrace = leaves(policy_grads(0.2, params, batch)), leaves(policy_grads(0.0, params, batch))
+    clip_agent = VTraceAgent(CARTPOLE, VTraceConfig(ppo_clip=0.2))
+    assert float(clip_agent.loss(params, batch)[1]["policy/clip_fraction"]) == 0.0
+    np.testing.assert_allclose(on_policy_clip, on_policy_vtrace, rtol=1e-4, atol=1e-7)
+    assert np.abs(on_policy_clip).max() > 0
+
+    moved = jax.tree.map(lambda x: x + 0.3 * jnp.sign(x), params)
+    diff = leaves(policy_grads(0.2, moved, batch)) - leaves(policy_grads(0.0, moved, batch))
+    assert np.abs(diff).max() > 1e-4
+    assert 0.0 < float(clip_agent.loss(moved, batch)[1]["policy/clip_fraction"]) <= 1.0

@@ -495,3 +495,46 @@ def test_entropy_loss_ignores_impossible_actions():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     g = jax.grad(agent_entropy_loss)(f32(with_inf), mask)
     assert np.isfinite(np.asarray(g)).all()
+
+
+# ---------------------------------------------------------------------------
+# PPO's clipped surrogate (vtrace.ppo_clip).
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.2, 0.5])
+def test_clipped_surrogate_matches_rlax_and_its_gradient(epsilon):
+    """Log-ratios of std 0.5 put many steps outside [1-eps, 1+eps] on both sides."""
+    rng = np.random.default_rng(11)
+    log_ratio = f32(rng.normal(scale=0.5, size=(T, B)))
+    adv = f32(rng.normal(size=(T, B)))
+    mask = jnp.ones((T, B), jnp.float32)
+
+    def ours(z):
+        return losses.clipped_surrogate_loss(z, adv, mask, epsilon)
+
+    def theirs(z):  # rlax is one unroll [T]: vmap over the batch axis 1.
+        per_unroll = jax.vmap(rlax.clipped_surrogate_pg_loss, in_axes=(1, 1, None))(jnp.exp(z), adv, epsilon)
+        return jnp.mean(per_unroll)
+
+    np.testing.assert_allclose(ours(log_ratio), theirs(log_ratio), rtol=1e-5, atol=1e-7)
+    g_ours, g_theirs = jax.grad(ours)(log_ratio), jax.grad(theirs)(log_ratio)
+    np.testing.assert_allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
+    # Clipped on the side that would move further: exactly no gradient there.
+    ratio = np.exp(np.asarray(log_ratio))
+    a = np.asarray(adv)
+    beyond = ((ratio > 1 + epsilon) & (a > 0)) | ((ratio < 1 - epsilon) & (a < 0))
+    assert beyond.any() and np.all(np.asarray(g_ours)[beyond] == 0.0)
+    assert np.all(np.asarray(g_ours)[~beyond] != 0.0)
+
+
+def test_clipped_surrogate_masks_steps_and_divides_by_all_steps():
+    d = make_loss_inputs(5)
+    rng = np.random.default_rng(12)
+    log_ratio = rng.normal(scale=0.3, size=(T, B))
+    r = np.exp(log_ratio)
+    a = d["advantages"]
+    want = -np.sum(np.minimum(r * a, np.clip(r, 0.8, 1.2) * a) * d["mask"]) / (T * B)
+    got = losses.clipped_surrogate_loss(f32(log_ratio), f32(a), f32(d["mask"]), 0.2)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    g = jax.grad(losses.clipped_surrogate_loss)(f32(log_ratio), f32(a), f32(d["mask"]), 0.2)
+    assert np.all(np.asarray(g)[d["mask"] == 0] == 0.0)

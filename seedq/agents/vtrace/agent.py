@@ -234,10 +234,15 @@ class VTraceAgent:
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
-        advantages = vt.pg_advantages
+        # The clipped surrogate applies its own ratio; V-trace's gradient, its clipped weight.
+        advantages = vt.advantages if cfg.ppo_clip else vt.pg_advantages
         if cfg.normalize_advantages:
             advantages = losses.standardize(advantages, valid)
-        pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
+        if cfg.ppo_clip:
+            pg_loss = losses.clipped_surrogate_loss(
+                target_logp - behaviour_logp, advantages, valid, cfg.ppo_clip)
+        else:
+            pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
         baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
         entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
         total = pg_loss + cfg.baseline_cost * baseline_loss + cfg.entropy_cost * entropy_loss
@@ -249,6 +254,9 @@ class VTraceAgent:
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
+        if cfg.ppo_clip:  # PPO's clip fraction: how far the reused passes have moved the policy
+            clipped = (jnp.abs(rhos - 1.0) > cfg.ppo_clip).astype(jnp.float32) * valid
+            metrics["policy/clip_fraction"] = jnp.sum(clipped) / jnp.maximum(jnp.sum(valid), 1.0)
         if cfg.normalize_returns:
             # This batch's discounted returns in reward units, merged into the statistics by `update`.
             returns = (vt.targets * return_rms).reshape(-1, 1)

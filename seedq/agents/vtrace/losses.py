@@ -33,6 +33,9 @@ class VTraceOutput(NamedTuple):
 
     targets: Array  # v_s: regression targets for the baseline.
     pg_advantages: Array  # Importance-weighted advantages for the policy.
+    # The same advantages before their importance weight, r_s + discount_s q_bootstrap_s - V(x_s):
+    # a clipped surrogate (`clipped_surrogate_loss`) applies its own ratio.
+    advantages: Array
 
 
 def vtrace(
@@ -87,7 +90,7 @@ def vtrace(
       clip_pg_rho_threshold: clip for rho in the policy-gradient advantages.
 
     Returns:
-      VTraceOutput(targets [T, B], pg_advantages [T, B]).
+      VTraceOutput(targets, pg_advantages, advantages), each [T, B].
     """
     chex.assert_rank([v_tm1, v_t, r_t, discount_t, rho_tm1], 2)
     chex.assert_equal_shape([v_tm1, v_t, r_t, discount_t, rho_tm1])
@@ -121,11 +124,12 @@ def vtrace(
         lambda_[:-1] * targets[1:] + (1.0 - lambda_[:-1]) * v_tm1[1:],
         v_t[-1:],
     ], axis=0)
+    advantages = jax.lax.stop_gradient(r_t + discount_t * q_bootstrap - v_tm1)
     clipped_pg_rho_tm1 = jnp.minimum(clip_pg_rho_threshold, rho_tm1)
-    pg_advantages = clipped_pg_rho_tm1 * (
-        r_t + discount_t * q_bootstrap - v_tm1)
     return VTraceOutput(
-        targets=targets, pg_advantages=jax.lax.stop_gradient(pg_advantages))
+        targets=targets,
+        pg_advantages=jax.lax.stop_gradient(clipped_pg_rho_tm1 * advantages),
+        advantages=advantages)
 
 
 def categorical_log_prob(logits: Array, actions: Array) -> Array:
@@ -178,6 +182,36 @@ def policy_gradient_loss_from_log_probs(log_pi_a: Array, advantages: Array, mask
     chex.assert_equal_shape([log_pi_a, advantages, mask])
     # Advantages weight the score function; they are not something to fit.
     return -_masked_mean(log_pi_a * jax.lax.stop_gradient(advantages), mask)
+
+
+def clipped_surrogate_loss(
+    log_ratio: Array, advantages: Array, mask: Array, epsilon: float
+) -> Array:
+    """PPO's clipped surrogate, -sum(mask * min(r A, clip(r, 1-eps, 1+eps) A)) / (T*B).
+
+    r = exp(log_ratio) is pi(a|x) / mu(a|x) against the behaviour policy, as in
+    APPO (Sample Factory): within [1-eps, 1+eps] its gradient is r A grad log pi,
+    V-trace's policy gradient with an unclipped importance weight; beyond it, on
+    the side that would move pi further from mu, the gradient is 0. That bound is
+    what lets one batch be trained on several times (`vtrace.reuse`).
+
+    Args:
+      log_ratio: log pi(a_s|x_s) - log mu(a_s|x_s), [T, B]; gradients flow through it.
+      advantages: e.g. `VTraceOutput.advantages`, [T, B] (gradient-stopped here).
+      mask: [T, B].
+      epsilon: the clip range, > 0.
+
+    Returns:
+      scalar loss.
+    """
+    chex.assert_rank([log_ratio, advantages, mask], 2)
+    chex.assert_equal_shape([log_ratio, advantages, mask])
+    advantages = jax.lax.stop_gradient(advantages)
+    # A far-off Gaussian sample can give a huge log-ratio; exp() of it must stay finite.
+    ratio = jnp.exp(jnp.minimum(log_ratio, 20.0))
+    surrogate = jnp.minimum(
+        ratio * advantages, jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * advantages)
+    return -_masked_mean(surrogate, mask)
 
 
 def gaussian_log_prob(mean: Array, log_std: Array, actions: Array) -> Array:
