@@ -108,7 +108,7 @@ def test_a_training_count_that_does_not_divide_the_batch_is_refused_naming_both(
 @pytest.mark.unit
 def test_config_refuses_a_training_count_that_does_not_divide_the_agents_batch():
     TrainConfig(devices=DevicesConfig(training=4)).validate()
-    with pytest.raises(ValueError, match=r"devices\.training=3 .* r2d2\.batch_size=32"):
+    with pytest.raises(ValueError, match=rf"devices\.training=3 .* r2d2\.batch_size={R2D2Config().batch_size}"):
         TrainConfig(agent="r2d2", devices=DevicesConfig(training=3)).validate()
     with pytest.raises(ValueError, match=r"devices\.inference=-1: must be >= 0"):
         TrainConfig(devices=DevicesConfig(inference=-1)).validate()
