@@ -331,7 +331,7 @@ class R2D2Config:
     # are not stored in replay (their episodes still count in the returns).
     eval_envs: int = 0
     eval_epsilon: float = 0.001
-    # The run's return (progress line, --target-return, summary, curves)
+    # The run's return and episode count (progress line, --target-return, summary, curves)
     # counts the episodes of the envs acting with epsilon <= this (those of the
     # least-exploring env when none does), so it measures the near-greedy
     # policy, as DQN's evaluation epsilons of 0.001-0.05 do; the spread's most

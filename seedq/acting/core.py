@@ -75,13 +75,6 @@ class EpisodeTracker:
             self.returns, self.lengths = pad_rows(self.returns, size), pad_rows(self.lengths, size)
             self.needs_reset = pad_rows(self.needs_reset, size, fill=True)
 
-    def reported_episodes(self, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
-        """(returns, lengths) of the episodes `result` ended that count in the run's return."""
-        if self.report_mask is None:
-            return result.ended_returns, result.ended_lengths
-        keep = self.report_mask[result.ended_slots]
-        return result.ended_returns[keep], result.ended_lengths[keep]
-
     def start(self, slots: np.ndarray) -> None:
         """Fresh envs in `slots`: their next step starts an episode."""
         self.needs_reset[slots] = True
