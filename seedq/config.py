@@ -548,11 +548,7 @@ class TrainConfig:
                 f"server.queue_capacity_unrolls={self.server.queue_capacity_unrolls} must be "
                 f">= vtrace.batch_size={self.vtrace.batch_size}"
             )
-        if self.vtrace.learning_rate_decay_frames < -1:
-            raise ValueError(
-                f"vtrace.learning_rate_decay_frames={self.vtrace.learning_rate_decay_frames}: must be "
-                ">= 0, or -1 (over the run's max_frames)"
-            )
+        _check_decay_frames("vtrace", self.vtrace.learning_rate_decay_frames)
         if self.vtrace.reuse < 1:
             raise ValueError(f"vtrace.reuse={self.vtrace.reuse}: must be >= 1")
         if not 0.0 <= self.vtrace.ppo_clip < 1.0:
@@ -622,11 +618,7 @@ class TrainConfig:
         for name in ("discount", "priority_eta", "epsilon_base", "eval_epsilon", "report_epsilon"):
             if not 0.0 <= getattr(r, name) <= 1.0:
                 raise ValueError(f"r2d2.{name}={getattr(r, name)}: must be in [0, 1]")
-        if r.learning_rate_decay_frames < -1:
-            raise ValueError(
-                f"r2d2.learning_rate_decay_frames={r.learning_rate_decay_frames}: must be "
-                ">= 0, or -1 (over the run's max_frames)"
-            )
+        _check_decay_frames("r2d2", r.learning_rate_decay_frames)
         if r.min_replay_size > r.replay_capacity:
             raise ValueError(
                 f"r2d2.min_replay_size={r.min_replay_size} must be <= r2d2.replay_capacity={r.replay_capacity}"
@@ -656,6 +648,12 @@ class TrainConfig:
         return dataclasses.replace(
             self, logdir=os.path.join("runs", f"{self.agent}-{safe_env}-{stamp}-{os.getpid()}")
         )
+
+
+def _check_decay_frames(section: str, frames: int) -> None:
+    """ValueError unless an anneal horizon is >= 0 or -1 (the run's budget)."""
+    if frames < -1:
+        raise ValueError(f"{section}.learning_rate_decay_frames={frames}: must be >= 0, or -1 (over the run's max_frames)")
 
 
 # The learning rate's anneal horizon (vtrace.learning_rate_decay_frames -1)
