@@ -15,6 +15,7 @@ COMMAND_STARTED = time.monotonic()
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 
@@ -381,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(suite)
     suite.add_argument("--envs", type=_csv(str), default=None,
-                       help="comma-separated env ids (default: the suite's table but Pong and LunarLander)")
+                       help="comma-separated env ids (default: the suite's table but Pong, and "
+                            "LunarLander unless Box2D is installed)")
     suite.add_argument("--seeds", type=int, default=3, help="runs per env (seeds SEED, SEED+1, ...)")
     suite.add_argument("--out", required=True, help="output directory")
     suite.add_argument("--frames-scale", type=float, default=1.0,
@@ -644,8 +646,15 @@ def _bench_suite(args: argparse.Namespace) -> int:
         def base_for(env_id: str) -> TrainConfig:
             return config_from_args(args, base=env_defaults(env_id))
 
+        envs = args.envs
+        if not envs:
+            box2d = importlib.util.find_spec("Box2D") is not None
+            envs = references.default_envs(box2d)
+            if not box2d:
+                print("seedq bench suite: LunarLander-v3 left out (Box2D is not installed: "
+                      "pip install 'seedq[box2d]')", flush=True)
         result = suite.run(
-            base_for, list(args.envs or references.DEFAULT_ENVS), args.seeds, args.out,
+            base_for, list(envs), args.seeds, args.out,
             max_frames=args.max_frames or 0, frames_scale=args.frames_scale,
             random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
         )

@@ -517,3 +517,16 @@ def test_minatar_trains_with_the_automatic_network(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["frames"] >= 3000 and summary["train_steps"] > 0
     assert summary["target_return"] is None  # MinAtar registers no reward_threshold
+
+
+@pytest.mark.unit
+def test_an_env_whose_package_is_missing_names_the_extra_that_installs_it(monkeypatch):
+    """Box2D hidden from the import system: LunarLander is refused in one line naming seedq's extra."""
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for name in [n for n in sys.modules if n.startswith("gymnasium.envs.box2d")]:  # imported earlier
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ValueError) as e:
+        make_env("LunarLander-v3")
+    message = str(e.value)
+    assert "LunarLander-v3 needs a package that is not installed" in message
+    assert "seedq[box2d]" in message and "\n" not in message

@@ -24,6 +24,15 @@ def test_every_reference_has_a_budget_and_a_source():
     for ref in references.SUITE.values():
         assert ref.frames > 0 and ref.source
     assert set(references.DEFAULT_ENVS) <= set(references.SUITE)
+    assert "ALE/Pong-v5" not in references.DEFAULT_ENVS  # a GPU run
+
+
+@pytest.mark.unit
+def test_lunar_lander_is_a_default_env_only_where_box2d_is_installed():
+    assert "LunarLander-v3" in references.default_envs(box2d_installed=True)
+    without = references.default_envs(box2d_installed=False)
+    assert "LunarLander-v3" not in without
+    assert set(references.default_envs(True)) - set(without) == {"LunarLander-v3"}
 
 
 @pytest.mark.unit

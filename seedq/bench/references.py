@@ -34,11 +34,17 @@ SUITE = {r.env: r for r in (
     Reference("ALE/Pong-v5", 10_000_000, 20.0, "≈", "rl-baselines3-zoo / CleanRL PPO; GPU only"),
 )}
 
-# The suite's default envs: everything but Pong (a GPU run) and LunarLander (box2d is not installed by default).
+# The suite's default envs: everything but Pong (a GPU run); LunarLander only
+# where Box2D is installed (the `seedq[box2d]` extra).
 DEFAULT_ENVS = (
-    "CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1",
-    "dmc:cartpole-swingup", "dmc:walker-walk",
+    "CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Pendulum-v1", "MinAtar/Breakout-v1",
+    "MinAtar/SpaceInvaders-v1", "dmc:cartpole-swingup", "dmc:walker-walk",
 )
+NEEDS_BOX2D = ("LunarLander-v3",)
+
+
+def default_envs(box2d_installed: bool) -> tuple[str, ...]:
+    return tuple(e for e in DEFAULT_ENVS if box2d_installed or e not in NEEDS_BOX2D)
 
 
 def normalised(value: float | None, random: float | None, reference: float) -> float | None:

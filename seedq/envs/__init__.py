@@ -128,6 +128,9 @@ def make_env(
         try:
             # render_mode only when asked for: envs without rendering need not take it.
             env = gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
+        except gym.error.DependencyNotInstalled as e:
+            extra = " (pip install 'seedq[box2d]')" if "Box2D" in str(e) else ""
+            raise ValueError(f"{env_id} needs a package that is not installed{extra}: {e}") from None
         except gym.error.Error as e:
             raise ValueError(f"unknown environment id {env_id!r}: {e}") from None
     env = flat_observations(env, env_id)
