@@ -232,11 +232,13 @@ class VTraceConfig:
     # (docs/learning.md).
     normalize_advantages: bool = False
     # Each batch of unrolls is trained on this many times in a row (sample
-    # reuse: fewer env frames per update). 2, with ppo_clip: CartPole in 177k
-    # frames instead of 276k at the same wall clock; 4 needed 125k but costs
-    # a CNN learner twice the compute per frame. Without ppo_clip, reuse 2
-    # collapsed a CartPole seed (docs/learning.md).
-    reuse: int = 2
+    # reuse: fewer env frames per update). 4, with ppo_clip: the updates per
+    # frame that Pendulum, cartpole-swingup and LunarLander need (at 2 they
+    # stayed at 0.2-0.7 of their references; docs/learning.md, stop 22), and
+    # CartPole in 125k frames instead of 276k without reuse. It costs the
+    # learner 4x the compute per frame. Without ppo_clip, reuse 2 collapsed a
+    # CartPole seed.
+    reuse: int = 4
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
     # as in Sample Factory), instead of V-trace's policy gradient; it bounds
