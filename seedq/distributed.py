@@ -103,7 +103,7 @@ class ProcessGroup:
         except Exception as e:  # noqa: BLE001 - the coordination service's errors are one line here
             raise PeerLost(
                 f"learner process {peer} of {self.size} did not answer within "
-                f"{timeout_ms / 1000:g} s ({_first_line(e)})"
+                f"{timeout_ms / 1000:g} s ({first_line(e)})"
             ) from None
 
 
@@ -114,7 +114,8 @@ class PeerLost(RuntimeError):
     """Another learner process of the group stopped answering (one-line message)."""
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
@@ -169,9 +170,23 @@ def dead_peer_line(index: int | None, size: int | None, message: str) -> str:
     elif "coordination service" in message and index != 0:
         what = f"learner process 0{of} (the coordinator) died"
     else:
-        what = f"the learner group failed ({_first_line(Exception(message))})"
+        what = f"the learner group failed ({first_line(Exception(message))})"
     me = "this learner process" if index is None else f"learner process {index}"
     return f"seedq learner: {what}; {me} stops (resume the group with --resume)"
+
+
+# Words of the errors a cross-process collective raises when a peer went away
+# (XLA:CPU's Gloo transport; NCCL on GPUs).
+_PEER_LOST_WORDS = ("Connection closed by peer", "Connection reset by peer", "Gloo", "NCCL")
+
+
+def is_lost_peer_error(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another learner process
+    died: the supervisor names the dead process in one line, so the training
+    thread logs no traceback for it."""
+    import jax  # not at import time: initialize() must run before other JAX use
+
+    return isinstance(error, jax.errors.JaxRuntimeError) and any(w in str(error) for w in _PEER_LOST_WORDS)
 
 
 _group: ProcessGroup | None = None
@@ -208,7 +223,7 @@ def initialize(config: DistributedConfig) -> ProcessGroup:
         jax.distributed.initialize(**kwargs)
     except Exception as e:  # noqa: BLE001 - a failed join is one line
         where = config.coordinator or f"the {detected} environment"
-        raise ValueError(f"could not join the learner group at {where}: {_first_line(e)}") from None
+        raise ValueError(f"could not join the learner group at {where}: {first_line(e)}") from None
     from jax._src import distributed as jax_distributed  # the client jax created; no public handle
 
     _group = ProcessGroup(index=jax.process_index(), size=jax.process_count(),

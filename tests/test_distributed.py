@@ -87,6 +87,21 @@ def test_the_lost_member_is_named_from_the_coordination_services_error():
 
 
 @pytest.mark.unit
+def test_a_collective_cut_off_by_a_dead_peer_is_told_apart_from_other_errors():
+    """The survivor's training thread logs such an error in one line (no traceback): seen when
+    the peer died inside an all-reduce."""
+    import jax
+
+    from seedq.distributed import is_lost_peer_error
+
+    cut = jax.errors.JaxRuntimeError(
+        "UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:40661")
+    assert is_lost_peer_error(cut)
+    assert not is_lost_peer_error(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory"))
+    assert not is_lost_peer_error(ValueError("Connection closed by peer"))  # not a collective's
+
+
+@pytest.mark.unit
 def test_the_groups_totals_sum_counters_and_pool_each_processes_latest_episodes():
     from seedq.learner.run_control import group_totals
 

@@ -29,7 +29,7 @@ from seedq.config import TrainConfig
 from seedq.devices import (
     data_parallel, global_training_devices, inference_placement, local_copy, resolve_split,
 )
-from seedq.distributed import SOLO, ProcessGroup
+from seedq.distributed import SOLO, ProcessGroup, first_line, is_lost_peer_error
 from seedq.envs import env_spec
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
@@ -344,7 +344,10 @@ class Learner:
         except QueueClosed:
             pass
         except Exception as e:
-            log.exception("training failed")
+            if self.group.multi and is_lost_peer_error(e):
+                log.warning("training stopped: a collective with the group failed (%s)", first_line(e))
+            else:
+                log.exception("training failed")
             self.error = e
             self._stop.set()
 
