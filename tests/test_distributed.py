@@ -98,6 +98,7 @@ def test_a_collective_cut_off_by_a_dead_peer_is_told_apart_from_other_errors():
         "UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:40661")
     assert is_lost_peer_error(cut)
     assert not is_lost_peer_error(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory"))
+    assert not is_lost_peer_error(jax.errors.JaxRuntimeError("UNKNOWN: Gloo all-reduce failed: bad rank"))
     assert not is_lost_peer_error(ValueError("Connection closed by peer"))  # not a collective's
 
 
