@@ -352,3 +352,31 @@ def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
     assert "| impala-int8 |" in text and "| seed-fp32 |" in text
     with open(tmp_path / "compare-small" / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
+
+
+def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
+    """The actor's vector env clips actions, so its own spec has unbounded Box
+    actions; its local network must still squash the Gaussian's mean into the
+    env's bounds exactly as the learner's network does."""
+    from seedq.actor.impala_actor import acting_for
+    from seedq.config import defaults_for
+    from seedq.envs import env_spec, make_vector_env
+
+    config = dataclasses.replace(defaults_for(True), env="Pendulum-v1")
+    learner_agent = VTraceAgent(env_spec("Pendulum-v1"), config.vtrace)
+    env = make_vector_env("Pendulum-v1", 4)
+    try:
+        assert np.isinf(env.single_action_space.high).all()  # what made the actor's spec unbounded
+        obs, _ = env.reset(seed=0)
+    finally:
+        env.close()
+    actor_agent, _ = acting_for(config)
+    params = learner_agent.init(jax.random.PRNGKey(0)).params
+    # Large weights push the unsquashed mean far outside Pendulum's [-2, 2].
+    params = jax.tree_util.tree_map(lambda x: x * 30.0, params)
+    first = np.ones(4, bool)
+    rng = jax.random.PRNGKey(1)
+    _, learner_dist, _, _ = learner_agent.act(params, rng, obs, first, {}, {})
+    _, actor_dist, _, _ = actor_agent.act(params, rng, obs, first, {}, {})
+    assert np.abs(np.asarray(learner_dist["mean"])).max() <= 2.0
+    np.testing.assert_allclose(actor_dist["mean"], learner_dist["mean"], rtol=1e-6)

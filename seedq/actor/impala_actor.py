@@ -76,12 +76,18 @@ class UnrollBuilder:
         return out
 
 
-def acting_for(config, spec: schema.EnvSpec):
+def acting_for(config):
     """(agent, its precision mode) as actors run them: the learner's agent at
-    the actor precision."""
+    the actor precision, built from the spec the learner builds it from. Not
+    from the actor's own env spec: its vector env clips Box actions
+    (ClipAction), so its bounds are infinite, and a network built from them
+    would not squash the Gaussian's mean into the bounds as the learner's does
+    (the behaviour policy would not be the policy the learner trains)."""
     from seedq.agents import make_agent
+    from seedq.envs import env_spec
     from seedq.quant.mode import InferencePrecision
 
+    spec = env_spec(config.env, config.env_options)
     agent = make_agent(config, spec)
     return agent, InferencePrecision(agent, spec, config.actor_precision)
 
@@ -153,7 +159,7 @@ async def serve_connection(
         config = config_lib.from_dict(config_lib.TrainConfig, json.loads(ack.config_json))
         from seedq.acting.core import training_reward_clip
 
-        agent, precision = acting_for(config, spec)
+        agent, precision = acting_for(config)
         expected = expected_params(agent, precision)
         stats.connections += 1
         log.info("impala actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.learner_run)
