@@ -224,13 +224,17 @@ class IdleWatchdog:
     Streams call `waiting()` before awaiting the actor and `heard()` after; time
     the learner itself spends (inference, backpressure) never counts. One
     periodic check for all streams instead of a timer per message, which would
-    cost the SEED loop a task per round trip.
+    cost the SEED loop a task per round trip. A closed stream's task is
+    cancelled, and `closed(task)` tells that cancellation from the others (the
+    client went away, the server stops): the stream must still send the actor
+    a status itself, as gRPC sends none for a cancelled handler.
     """
 
     def __init__(self, timeout: float):
         self.timeout = timeout
         self._waiting: dict[asyncio.Task, float] = {}
         self._names: dict[asyncio.Task, str] = {}
+        self._closed: set[asyncio.Task] = set()
         self._checker: asyncio.Task | None = None
 
     def register(self, name: str) -> asyncio.Task:
@@ -249,6 +253,11 @@ class IdleWatchdog:
     def unregister(self, task: asyncio.Task) -> None:
         self._waiting.pop(task, None)
         self._names.pop(task, None)
+        self._closed.discard(task)
+
+    def closed(self, task: asyncio.Task) -> bool:
+        """Whether this watchdog cancelled `task` (its actor was silent too long)."""
+        return task in self._closed
 
     def waiting(self, task: asyncio.Task, now: float) -> None:
         self._waiting[task] = now
@@ -267,6 +276,7 @@ class IdleWatchdog:
                     log.warning("closing the stream of %s: nothing received for %.1fs (peer gone?)",
                                 self.name(task), now - since)
                     self._waiting.pop(task, None)
+                    self._closed.add(task)
                     task.cancel()
 
     def close(self) -> None:

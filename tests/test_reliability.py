@@ -213,3 +213,52 @@ def test_checkpoint_replay_false_saves_no_replay(tmp_path):
     assert not os.path.exists(os.path.join(path, checkpoint.REPLAY_ITEM))
     meta, _ = checkpoint.read_meta(path)
     assert "replay" not in meta
+
+
+# --- a silent actor's stream ---
+
+
+@pytest.mark.e2e
+def test_a_stream_closed_for_silence_tells_its_actor_unavailable():
+    """The learner's idle watchdog closes the stream of an actor that sent
+    nothing for server.peer_timeout_seconds while its connection stayed up (a
+    process whose Python thread is stuck while gRPC's threads still answer
+    keepalive pings; or a whole host paused and resumed). The actor must be
+    told, with a status it reconnects on: gRPC sends none for a cancelled
+    handler, and an actor left waiting on its read never comes back."""
+    import asyncio
+    import uuid
+
+    import grpc
+
+    from seedq.config import ServerConfig
+    from seedq.envs import env_spec
+    from seedq.local import default_address
+    from seedq.v1 import seed_pb2_grpc
+    from seedq.wire import codec
+
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=4,
+                         server=ServerConfig(keepalive_seconds=1.0, peer_timeout_seconds=2.0))
+    config.validate()
+    learner = Learner(config, default_address())
+    learner.start(train=False)
+    spec = env_spec("CartPole-v1")
+
+    async def silent_actor():
+        async with grpc.aio.insecure_channel(learner.address) as channel:
+            call = seed_pb2_grpc.LearnerStub(channel).Stream()
+            await call.write(codec.encode_handshake(spec, actor_id="silent", run_id=uuid.uuid4().hex,
+                                                    num_envs=4, env_id="CartPole-v1"))
+            assert (await call.read()).WhichOneof("kind") == "ack"
+            try:  # nothing sent from here on; the watchdog closes the stream after ~2-3 s
+                await asyncio.wait_for(call.read(), timeout=30)
+            except grpc.aio.AioRpcError as e:
+                return e.code(), e.details()
+            return None, "the stream was not ended"
+
+    try:
+        code, details = asyncio.run(silent_actor())
+    finally:
+        learner.stop()
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert "nothing received for 2s" in details and "actor silent" in details

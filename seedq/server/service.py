@@ -60,6 +60,19 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         task = self.idle.register(context.peer())
         try:
             await serve(context, task)
+        except asyncio.CancelledError:
+            if not self.idle.closed(task):
+                raise  # the client went away, or the server stops
+            # gRPC sends no status for a handler cancelled on the server side
+            # (grpc/grpc#29248): the actor would wait on this stream forever, a
+            # run that never ends. UNAVAILABLE makes it reconnect.
+            if hasattr(task, "uncancel"):  # Python >= 3.11: the task is not cancelling any more
+                task.uncancel()
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(
+                f"learner closed the stream of {self.idle.name(task)}: nothing received for "
+                f"{self.idle.timeout:g}s (server.peer_timeout_seconds)"
+            )
         finally:
             log.info("%s disconnected: its env slots are freed", self.idle.name(task))
             self.idle.unregister(task)
