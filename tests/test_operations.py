@@ -382,3 +382,23 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch, run_notebook):
     assert "10 episodes of CartPole-v1" in text
     (run,) = (tmp_path / "runs").glob("quickstart-*")
     assert (run / "summary.json").exists() and list((run / "checkpoints").glob("step_*"))
+
+
+def test_throughput_bench_reports_the_learners_cost_per_message():
+    """`seedq bench throughput`'s per-message figures come from the real loop:
+    every answered message is one actor's vector step, and the server thread's
+    CPU is part of the learner process's."""
+    from seedq.bench import throughput
+    from seedq.config import TrainConfig
+
+    envs_per_actor = 4
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=envs_per_actor)
+    config.validate()
+    result = throughput.system_fps(config, seconds=2.0, warmup_seconds=1.0, train=False)
+    messages = result["learner_messages_per_second"]
+    assert messages > 0
+    # frames and messages are read a moment apart, so allow a few messages' slack
+    assert messages * envs_per_actor == pytest.approx(result["system_fps"], rel=0.1)
+    thread_us, process_us = result["server_thread_cpu_us_per_message"], result["learner_cpu_us_per_message"]
+    assert 0 < thread_us <= process_us
+    assert 0 < result["server_thread_busy_fraction"] <= 1.0

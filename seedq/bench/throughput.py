@@ -69,12 +69,15 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             time.sleep(warmup_seconds)
             stats = learner.inference.stats
             f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
-            busy0 = stats.busy_seconds
+            busy0, m0 = stats.busy_seconds, stats.requests
+            cpu0, thread_cpu0 = time.process_time(), learner.server_thread_cpu_seconds()
             started = time.perf_counter()
             time.sleep(seconds)
             elapsed = time.perf_counter() - started
+            cpu, thread_cpu = time.process_time() - cpu0, learner.server_thread_cpu_seconds()
             frames = learner.table.frames - f0
             batches, steps = stats.batches - b0, stats.env_steps - s0
+            messages = stats.requests - m0
             train_steps = learner.train_steps - t0
             busy = stats.busy_seconds - busy0
             split = learner.devices.describe()
@@ -93,6 +96,20 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         # so every one of them is busy for the same share of the time.
         "per_device_inference_batch": steps / batches / inference_devices if batches else 0.0,
         "inference_calls_per_second": batches / elapsed,
+        # The per-message cost that caps how many actors one learner serves:
+        # actor messages answered per second, and the CPU time per message of
+        # the whole learner process (this process: it runs only the learner
+        # while measuring) and of its server thread alone (gRPC, batching,
+        # inference; the asyncio thread every message passes through).
+        "learner_messages_per_second": messages / elapsed,
+        "learner_cpu_us_per_message": cpu / messages * 1e6 if messages else None,
+        "server_thread_cpu_us_per_message": (
+            (thread_cpu - thread_cpu0) / messages * 1e6
+            if messages and thread_cpu is not None and thread_cpu0 is not None else None
+        ),
+        "server_thread_busy_fraction": (
+            (thread_cpu - thread_cpu0) / elapsed if thread_cpu is not None and thread_cpu0 is not None else None
+        ),
         "train_steps_per_second": train_steps / elapsed,
         # Share of wall time the server thread spent running inference batches.
         "inference_busy_fraction": busy / elapsed,

@@ -144,6 +144,7 @@ class Learner:
         self._server_ready = threading.Event()
         self._server_error: BaseException | None = None
         self._threads: list[threading.Thread] = []
+        self._server_thread: threading.Thread | None = None
         self._update = self._parallel.update if self._parallel else jax.jit(self.agent.update)
         _, batch_size = config.training_batch
         self.batches = self.agent.make_batch_source(self.queue, batch_size // group.size)
@@ -234,6 +235,7 @@ class Learner:
         self._frames_at_start = self.table.frames  # restored counters, if resumed
         server_thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
         server_thread.start()
+        self._server_thread = server_thread
         self._threads.append(server_thread)
         self._server_ready.wait()
         if self._server_error is not None:
@@ -245,6 +247,17 @@ class Learner:
         consumer.start()
         self._threads.append(consumer)
         return self.address
+
+    def server_thread_cpu_seconds(self) -> float | None:
+        """CPU seconds the server thread (gRPC, batching, inference) has used so
+        far; None before start() or where the OS has no per-thread CPU clock."""
+        thread = self._server_thread
+        if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # the thread has ended
+            return None
 
     def stop(self) -> None:
         self._stop.set()

@@ -73,6 +73,8 @@ class InferenceStats:
     """Running counters, read by the metrics thread (plain ints/floats)."""
 
     batches: int = 0
+    # Actor messages answered (one vector step of one actor each; a batch joins several).
+    requests: int = 0
     env_steps: int = 0
     padded_steps: int = 0
     busy_seconds: float = 0.0
@@ -310,6 +312,7 @@ class InferenceServer:
         self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
         self.stats.batches += 1
+        self.stats.requests += len(batch)
         self.stats.env_steps += n
         self.stats.padded_steps += size
         return result.actions, version, result.unrolls
