@@ -263,12 +263,6 @@ class VTraceConfig:
     # Off for Box actions too: it took dmc:walker-walk from 0.68 to past its
     # reference but held cartpole-swingup at 0.40 (docs/learning.md, stop 23).
     normalize_observations: bool = False
-    # > 0: with normalize_observations, divide by max(std, this) instead of the
-    # std, so an input that barely varies (swingup's pole angle while it hangs)
-    # is not blown up when it starts to, while wide ones (walker's joint
-    # velocities, std 4-10) are still brought to unit scale. 0: plain
-    # standardisation.
-    observation_std_floor: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,10 +553,6 @@ class TrainConfig:
                 f">= vtrace.batch_size={self.vtrace.batch_size}"
             )
         _check_decay_frames("vtrace", self.vtrace.learning_rate_decay_frames)
-        if self.vtrace.observation_std_floor < 0:
-            raise ValueError(
-                f"vtrace.observation_std_floor={self.vtrace.observation_std_floor}: must be >= 0 (0: plain std)"
-            )
         if self.vtrace.reuse < 1:
             raise ValueError(f"vtrace.reuse={self.vtrace.reuse}: must be >= 1")
         if not 0.0 <= self.vtrace.ppo_clip < 1.0:

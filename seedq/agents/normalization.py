@@ -68,12 +68,9 @@ def root_mean_square(stats: RunningStats) -> jax.Array:
     return jnp.where(stats.count > 1, jnp.sqrt(jnp.square(stats.mean) + var + _EPS), 1.0)
 
 
-def normalize(stats: RunningStats, x: jax.Array, std_floor: float = 0.0) -> jax.Array:
-    """(x - mean) / max(std, std_floor), clipped to +-CLIP; x [..., D].
-    Identity-scaled until two observations were seen. No gradient flows into
-    the statistics. A floor > 0 only ever scales inputs down: one whose spread
-    is below it keeps its own scale (VTraceConfig.observation_std_floor)."""
+def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:
+    """(x - mean) / std, clipped to +-CLIP; x [..., D]. Identity-scaled until two
+    observations were seen. No gradient flows into the statistics."""
     stats = jax.lax.stop_gradient(stats)
     var = jnp.where(stats.count > 1, stats.m2 / jnp.maximum(stats.count, 1.0), 1.0)
-    std = jnp.maximum(jnp.sqrt(var + _EPS), std_floor)
-    return jnp.clip((x.astype(jnp.float32) - stats.mean) / std, -CLIP, CLIP)
+    return jnp.clip((x.astype(jnp.float32) - stats.mean) / jnp.sqrt(var + _EPS), -CLIP, CLIP)

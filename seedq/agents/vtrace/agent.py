@@ -118,7 +118,7 @@ class VTraceAgent:
         if stats is None:
             return obs
         flat = obs.reshape(*obs.shape[: obs.ndim - len(self.spec.obs_shape)], -1)
-        return normalization.normalize(stats, flat, self.config.observation_std_floor).reshape(obs.shape)
+        return normalization.normalize(stats, flat).reshape(obs.shape)
 
     def _example_inputs(self):
         obs = jnp.zeros((1, 1, *self.obs_shape), self.spec.obs_dtype)
