@@ -74,7 +74,9 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             started = time.perf_counter()
             time.sleep(seconds)
             elapsed = time.perf_counter() - started
-            cpu, thread_cpu = time.process_time() - cpu0, learner.server_thread_cpu_seconds()
+            cpu, thread_cpu1 = time.process_time() - cpu0, learner.server_thread_cpu_seconds()
+            # The server thread's CPU seconds over the window (None without a per-thread clock).
+            thread_cpu = thread_cpu1 - thread_cpu0 if None not in (thread_cpu0, thread_cpu1) else None
             frames = learner.table.frames - f0
             batches, steps = stats.batches - b0, stats.env_steps - s0
             messages = stats.requests - m0
@@ -104,12 +106,9 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         "learner_messages_per_second": messages / elapsed,
         "learner_cpu_us_per_message": cpu / messages * 1e6 if messages else None,
         "server_thread_cpu_us_per_message": (
-            (thread_cpu - thread_cpu0) / messages * 1e6
-            if messages and thread_cpu is not None and thread_cpu0 is not None else None
+            thread_cpu / messages * 1e6 if messages and thread_cpu is not None else None
         ),
-        "server_thread_busy_fraction": (
-            (thread_cpu - thread_cpu0) / elapsed if thread_cpu is not None and thread_cpu0 is not None else None
-        ),
+        "server_thread_busy_fraction": thread_cpu / elapsed if thread_cpu is not None else None,
         "train_steps_per_second": train_steps / elapsed,
         # Share of wall time the server thread spent running inference batches.
         "inference_busy_fraction": busy / elapsed,
