@@ -263,6 +263,11 @@ class VTraceConfig:
     # Off for Box actions too: it took dmc:walker-walk from 0.68 to past its
     # reference but held cartpole-swingup at 0.40 (docs/learning.md, stop 23).
     normalize_observations: bool = False
+    # LayerNorm before each tanh of the MLP torsos (not the CNNs): inputs of
+    # different spreads (walker-walk's joint velocities beside its positions)
+    # neither saturate the torso nor need statistics that move as the policy
+    # learns. On for Box actions (CONTINUOUS_VTRACE; docs/learning.md, stop 24).
+    layer_norm: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -692,6 +697,7 @@ CONTINUOUS_VTRACE = VTraceConfig(
     entropy_cost=0.0,
     reward_scale=0.1,
     shared_torso=False,
+    layer_norm=True,
 )
 
 

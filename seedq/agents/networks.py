@@ -55,6 +55,11 @@ class MLPTorso(nn.Module):
 
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     activation: Callable[[jax.Array], jax.Array] = nn.relu
+    # Normalise each layer's pre-activations across its units (LayerNorm) before
+    # the activation: raw inputs of very different spreads (walker-walk's joint
+    # velocities of std 4-10 beside positions of ~1) then neither saturate the
+    # tanh units nor need input statistics that move while the policy learns.
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -63,7 +68,10 @@ class MLPTorso(nn.Module):
         if obs.dtype != jnp.uint8:
             x = observation_input(x)
         for size in self.hidden_sizes:
-            x = self.activation(nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+            x = nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
+            if self.layer_norm:
+                x = nn.LayerNorm()(x)
+            x = self.activation(x)
             # Kept only when applied with mutable=["intermediates"] (the learner's
             # health metrics: seedq.agents.health); free otherwise.
             self.sow("intermediates", "activations", x)
@@ -220,10 +228,11 @@ def choose_network(name: str, obs_shape: Sequence[int]) -> str:
 def make_torso(
     name: str, mlp_hidden: Sequence[int] = (256, 256, 256),
     mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu, module_name: str | None = None,
+    mlp_layer_norm: bool = False,
 ) -> nn.Module:
     """The torso called `name`; `module_name` names the flax submodule (default: automatic)."""
     if name == "mlp":
-        return MLPTorso(tuple(mlp_hidden), mlp_activation, name=module_name)
+        return MLPTorso(tuple(mlp_hidden), mlp_activation, mlp_layer_norm, name=module_name)
     if name == "small_cnn":
         return SmallCNN(name=module_name)
     if name == "nature_cnn":

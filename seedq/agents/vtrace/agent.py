@@ -94,6 +94,7 @@ class VTraceAgent:
             lstm_size=config.lstm_size,
             initial_log_std=config.initial_log_std,
             shared_torso=config.shared_torso,
+            layer_norm=config.layer_norm,
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )

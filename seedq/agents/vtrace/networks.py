@@ -52,6 +52,8 @@ class PolicyValueNetwork(nn.Module):
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
+    # LayerNorm before each activation of an MLP torso (MLPTorso.layer_norm).
+    layer_norm: bool = False
     # Box actions: finite bounds squash the mean into [low, high] (see module docstring).
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
@@ -61,14 +63,14 @@ class PolicyValueNetwork(nn.Module):
         T, B = obs.shape[:2]
         flat = merge_time_batch(obs)
         # tanh MLPs (the CartPole defaults were tuned with them); ReLU CNNs.
-        x = make_torso(self.torso, self.hidden_sizes, nn.tanh)(flat)
+        x = make_torso(self.torso, self.hidden_sizes, nn.tanh, mlp_layer_norm=self.layer_norm)(flat)
         if self.use_lstm:
             carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (split_time_batch(x, T, B), first))
             x = merge_time_batch(y)
         if self.shared_torso:
             value_x = x
         else:  # feed-forward only (TrainConfig.validate)
-            value_x = make_torso(self.torso, self.hidden_sizes, nn.tanh, "value_torso")(flat)
+            value_x = make_torso(self.torso, self.hidden_sizes, nn.tanh, "value_torso", self.layer_norm)(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
         )(x)
