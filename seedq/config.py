@@ -22,6 +22,8 @@ from typing import Any, Optional
 AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
+# Where the MLP torsos normalise their pre-activations (VTraceConfig.layer_norm).
+LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
 NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
@@ -263,11 +265,13 @@ class VTraceConfig:
     # Off for Box actions too: it took dmc:walker-walk from 0.68 to past its
     # reference but held cartpole-swingup at 0.40 (docs/learning.md, stop 23).
     normalize_observations: bool = False
-    # LayerNorm before each tanh of the MLP torsos (not the CNNs): inputs of
-    # different spreads (walker-walk's joint velocities beside its positions)
-    # neither saturate the torso nor need statistics that move as the policy
-    # learns. On for Box actions (CONTINUOUS_VTRACE; docs/learning.md, stop 24).
-    layer_norm: bool = False
+    # LayerNorm in the MLP torsos (not the CNNs), before the tanh: none,
+    # first_layer (where the observation comes in) or all_layers. Inputs of
+    # different spreads (walker-walk's joint velocities beside its height)
+    # then neither saturate the torso nor need statistics that move as the
+    # policy learns. first_layer for Box actions (CONTINUOUS_VTRACE;
+    # docs/learning.md, stop 24).
+    layer_norm: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,6 +527,10 @@ class TrainConfig:
                 f"architecture='impala' needs agent='vtrace' (got agent={self.agent!r}): "
                 "IMPALA actors send on-policy unrolls for V-trace"
             )
+        if self.vtrace.layer_norm not in LAYER_NORM_MODES:
+            raise ValueError(
+                f"vtrace.layer_norm={self.vtrace.layer_norm!r}: choose one of {', '.join(LAYER_NORM_MODES)}"
+            )
         if self.quant.force_int8 and self.precision != "int8":
             raise ValueError(
                 f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"
@@ -697,7 +705,7 @@ CONTINUOUS_VTRACE = VTraceConfig(
     entropy_cost=0.0,
     reward_scale=0.1,
     shared_torso=False,
-    layer_norm=True,
+    layer_norm="first_layer",
 )
 
 

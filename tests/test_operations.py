@@ -286,6 +286,7 @@ def run_cli(args, capsys):
         (["train", "--eval-episodes", "many"], 2, "invalid int value: 'many'"),
         (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),
         (["train", "--agent", "a3c"], 2, "choose one of vtrace"),
+        (["train", "--vtrace.layer-norm", "yes"], 2, "vtrace.layer_norm='yes': choose one of none, first_layer"),
         (["eval", "somewhere", "--precision", "fp64"], 2, "invalid choice: 'fp64' (choose from 'fp32'"),
         (["train", "--resume", "{missing}"], 1, "no such run directory"),
         (["learner", "--resume", "{missing}"], 1, "no such run directory"),

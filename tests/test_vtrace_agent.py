@@ -70,11 +70,12 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (SWINGUP, VTraceConfig(use_lstm=True, lstm_size=16)),
     (SWINGUP, VTraceConfig(shared_torso=False)),
     (SWINGUP, VTraceConfig(normalize_observations=True)),
-    (SWINGUP, VTraceConfig(layer_norm=True, shared_torso=False)),
+    (SWINGUP, VTraceConfig(layer_norm="first_layer", shared_torso=False)),
+    (SWINGUP, VTraceConfig(layer_norm="all_layers", shared_torso=False)),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
     (MINATAR, VTraceConfig()),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized", "gaussian-layer-norm", "frames",
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized", "gaussian-layer-norm-first", "gaussian-layer-norm-all", "frames",
         "frames-lstm", "small-image"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
@@ -169,8 +170,8 @@ def test_learning_health_metrics_measure_the_batch():
 
 @pytest.mark.unit
 def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
-    """Box actions' default torso (layer_norm) reads inputs 100x wider as it reads
-    the originals, where the plain tanh torso saturates."""
+    """Box actions' default torso (layer_norm first_layer) reads inputs 100x wider
+    as it reads the originals, where the plain tanh torso saturates."""
     def saturation(config, scale):
         agent = VTraceAgent(SWINGUP, config)
         state = agent.init(jax.random.PRNGKey(0))
@@ -181,7 +182,7 @@ def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
 
     plain = VTraceConfig(shared_torso=False)
     assert saturation(plain, 100.0) > 0.9
-    normed = VTraceConfig(shared_torso=False, layer_norm=True)
+    normed = VTraceConfig(shared_torso=False, layer_norm="first_layer")
     assert saturation(normed, 100.0) < 0.5
     assert saturation(normed, 100.0) == pytest.approx(saturation(normed, 1.0), abs=0.02)
 

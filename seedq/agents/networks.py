@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seedq.config import LAYER_NORM_MODES
 from seedq.quant.layers import observation_input, scale_pixels
 
 NETWORKS = ("mlp", "small_cnn", "nature_cnn", "impala_cnn")
@@ -55,11 +56,13 @@ class MLPTorso(nn.Module):
 
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     activation: Callable[[jax.Array], jax.Array] = nn.relu
-    # Normalise each layer's pre-activations across its units (LayerNorm) before
-    # the activation: raw inputs of very different spreads (walker-walk's joint
-    # velocities of std 4-10 beside positions of ~1) then neither saturate the
-    # tanh units nor need input statistics that move while the policy learns.
-    layer_norm: bool = False
+    # LayerNorm of the pre-activations across a layer's units, before its
+    # activation (LAYER_NORM_MODES): "first_layer" only where the observation
+    # comes in, "all_layers" everywhere, "none". On the first layer, raw inputs
+    # of very different spreads (walker-walk's joint velocities of std 4-12
+    # beside a height of std 0.2) neither saturate the tanh units nor need
+    # input statistics that move while the policy learns.
+    layer_norm: str = "none"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -67,9 +70,11 @@ class MLPTorso(nn.Module):
         x = _to_float(obs.reshape(obs.shape[0], -1))
         if obs.dtype != jnp.uint8:
             x = observation_input(x)
-        for size in self.hidden_sizes:
+        if self.layer_norm not in LAYER_NORM_MODES:
+            raise ValueError(f"layer_norm={self.layer_norm!r}: choose one of {', '.join(LAYER_NORM_MODES)}")
+        for i, size in enumerate(self.hidden_sizes):
             x = nn.Dense(size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
-            if self.layer_norm:
+            if self.layer_norm == "all_layers" or (self.layer_norm == "first_layer" and i == 0):
                 x = nn.LayerNorm()(x)
             x = self.activation(x)
             # Kept only when applied with mutable=["intermediates"] (the learner's
@@ -228,7 +233,7 @@ def choose_network(name: str, obs_shape: Sequence[int]) -> str:
 def make_torso(
     name: str, mlp_hidden: Sequence[int] = (256, 256, 256),
     mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu, module_name: str | None = None,
-    mlp_layer_norm: bool = False,
+    mlp_layer_norm: str = "none",
 ) -> nn.Module:
     """The torso called `name`; `module_name` names the flax submodule (default: automatic)."""
     if name == "mlp":

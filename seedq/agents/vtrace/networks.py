@@ -52,8 +52,8 @@ class PolicyValueNetwork(nn.Module):
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
-    # LayerNorm before each activation of an MLP torso (MLPTorso.layer_norm).
-    layer_norm: bool = False
+    # LayerNorm in the MLP torsos (MLPTorso.layer_norm): none, first_layer or all_layers.
+    layer_norm: str = "none"
     # Box actions: finite bounds squash the mean into [low, high] (see module docstring).
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
