@@ -170,8 +170,8 @@ def test_learning_health_metrics_measure_the_batch():
 
 @pytest.mark.unit
 def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
-    """Box actions' default torso (layer_norm first_layer) reads inputs 100x wider
-    as it reads the originals, where the plain tanh torso saturates."""
+    """A torso with layer_norm (Box actions' default: all_layers) reads inputs 100x
+    wider as it reads the originals, where the plain tanh torso saturates."""
     def saturation(config, scale):
         agent = VTraceAgent(SWINGUP, config)
         state = agent.init(jax.random.PRNGKey(0))
@@ -182,9 +182,10 @@ def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
 
     plain = VTraceConfig(shared_torso=False)
     assert saturation(plain, 100.0) > 0.9
-    normed = VTraceConfig(shared_torso=False, layer_norm="first_layer")
-    assert saturation(normed, 100.0) < 0.5
-    assert saturation(normed, 100.0) == pytest.approx(saturation(normed, 1.0), abs=0.02)
+    for mode in ("first_layer", "all_layers"):
+        normed = VTraceConfig(shared_torso=False, layer_norm=mode)
+        assert saturation(normed, 100.0) < 0.5, mode
+        assert saturation(normed, 100.0) == pytest.approx(saturation(normed, 1.0), abs=0.02), mode
 
 
 @pytest.mark.unit

@@ -57,11 +57,13 @@ class MLPTorso(nn.Module):
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     activation: Callable[[jax.Array], jax.Array] = nn.relu
     # LayerNorm of the pre-activations across a layer's units, before its
-    # activation (LAYER_NORM_MODES): "first_layer" only where the observation
-    # comes in, "all_layers" everywhere, "none". On the first layer, raw inputs
-    # of very different spreads (walker-walk's joint velocities of std 4-12
-    # beside a height of std 0.2) neither saturate the tanh units nor need
-    # input statistics that move while the policy learns.
+    # activation (config.LAYER_NORM_MODES): "first_layer" only where the
+    # observation comes in, "all_layers" everywhere, "none". On the first layer,
+    # raw inputs of very different spreads (walker-walk's joint velocities of
+    # std 4-12 beside a height of std 0.2) neither saturate the tanh units nor
+    # need input statistics that move while the policy learns; on the later
+    # ones, the features stay unsaturated as the weights grow (walker-walk's
+    # policy torso: 2 % saturated with all_layers, 31 % with first_layer).
     layer_norm: str = "none"
 
     @nn.compact
