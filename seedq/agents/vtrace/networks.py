@@ -70,7 +70,9 @@ class PolicyValueNetwork(nn.Module):
         if self.shared_torso:
             value_x = x
         else:  # feed-forward only (TrainConfig.validate)
-            value_x = make_torso(self.torso, self.hidden_sizes, nn.tanh, "value_torso", self.layer_norm)(flat)
+            value_x = make_torso(
+                self.torso, self.hidden_sizes, nn.tanh, "value_torso", mlp_layer_norm=self.layer_norm
+            )(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
         )(x)
