@@ -203,11 +203,6 @@ class VTraceConfig:
     clip_pg_rho_threshold: float = 1.0
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
-    # true: the entropy bonus falls to 0 with the learning rate (the same
-    # linear anneal over learning_rate_decay_frames), so the sampled policy
-    # the returns are measured on nears the greedy one by the end of the
-    # budget. Off until measured on the suite's Discrete envs (docs/learning.md).
-    anneal_entropy_cost: bool = False
     # 3e-3 solved CartPole in fewer frames but let solved runs collapse to a
     # constant action when trained on (docs/learning.md, "No unlearning").
     learning_rate: float = 1e-3
