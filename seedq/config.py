@@ -24,8 +24,6 @@ ARCHITECTURES = ("seed", "impala")
 PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
 # Where the MLP torsos normalise their pre-activations (VTraceConfig.layer_norm).
 LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
-# VTraceConfig.value_layer_norm: "same" follows layer_norm.
-VALUE_LAYER_NORM_MODES = ("same",) + LAYER_NORM_MODES
 NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
@@ -276,17 +274,6 @@ class VTraceConfig:
     # seeds at 1M frames), where first_layer keeps swingup but not walker
     # (docs/learning.md, stop 24).
     layer_norm: str = "none"
-    # The separate value torso's LayerNorm (shared_torso false; a shared torso
-    # follows layer_norm): same (as layer_norm) or one of layer_norm's modes.
-    # first_layer for Box actions: the policy needs all_layers on walker-walk,
-    # but the value torso normalised in every layer slowed cartpole-swingup
-    # (docs/learning.md, stop 25). "same" is what runs saved before it had.
-    value_layer_norm: str = "same"
-
-    @property
-    def value_torso_layer_norm(self) -> str:
-        """The value torso's LayerNorm mode with "same" resolved."""
-        return self.layer_norm if self.value_layer_norm == "same" else self.value_layer_norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,11 +533,6 @@ class TrainConfig:
             raise ValueError(
                 f"vtrace.layer_norm={self.vtrace.layer_norm!r}: choose one of {', '.join(LAYER_NORM_MODES)}"
             )
-        if self.vtrace.value_layer_norm not in VALUE_LAYER_NORM_MODES:
-            raise ValueError(
-                f"vtrace.value_layer_norm={self.vtrace.value_layer_norm!r}: "
-                f"choose one of {', '.join(VALUE_LAYER_NORM_MODES)}"
-            )
         if self.quant.force_int8 and self.precision != "int8":
             raise ValueError(
                 f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"
@@ -717,8 +699,7 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
 # log-std even 0.001 outweighed the small advantages, so walker-walk's
 # entropy rose from 5.5 to 7.3 while it learned, and cartpole-swingup reached
 # 0.71-1.13 of its reference instead of 1.14-1.27 (docs/learning.md, stop 22).
-# LayerNorm in every policy torso layer (stop 24, VTraceConfig.layer_norm),
-# in the value torso's first layer only (stop 25, value_layer_norm).
+# LayerNorm in every torso layer (stop 24, VTraceConfig.layer_norm).
 # Both action families share the reward scale, reuse and the anneal.
 CONTINUOUS_VTRACE = VTraceConfig(
     unroll_length=20,
@@ -728,7 +709,6 @@ CONTINUOUS_VTRACE = VTraceConfig(
     reward_scale=0.1,
     shared_torso=False,
     layer_norm="all_layers",
-    value_layer_norm="first_layer",
 )
 
 

@@ -287,7 +287,6 @@ def run_cli(args, capsys):
         (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),
         (["train", "--agent", "a3c"], 2, "choose one of vtrace"),
         (["train", "--vtrace.layer-norm", "yes"], 2, "vtrace.layer_norm='yes': choose one of none, first_layer"),
-        (["train", "--vtrace.value-layer-norm", "no"], 2, "vtrace.value_layer_norm='no': choose one of same, none"),
         (["eval", "somewhere", "--precision", "fp64"], 2, "invalid choice: 'fp64' (choose from 'fp32'"),
         (["train", "--resume", "{missing}"], 1, "no such run directory"),
         (["learner", "--resume", "{missing}"], 1, "no such run directory"),

@@ -95,7 +95,6 @@ class VTraceAgent:
             initial_log_std=config.initial_log_std,
             shared_torso=config.shared_torso,
             layer_norm=config.layer_norm,
-            value_layer_norm=config.value_torso_layer_norm,
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )
