@@ -17,7 +17,11 @@ def serve(server, entry, steps):
         batch_loop = asyncio.create_task(server.run())
         await asyncio.sleep(0)  # the loop starts before any stream submits, as in the learner
         try:
-            return await server.submit(entry, steps)
+            answer = await server.submit(entry, steps)
+            # The batch loop records the step one event-loop pass after it
+            # answers (the actors step meanwhile): let it finish the batch.
+            await asyncio.sleep(0)
+            return answer
         finally:
             batch_loop.cancel()
 

@@ -393,9 +393,9 @@ def test_sigkilled_raw_actor_loses_only_its_partial_unroll(healthy, workdir):
         entry = connected_entry(learner, "victim")
         assert entry is not None and entry.num_envs == num_envs
         assert learner.table.num_connected == 2
-        np.testing.assert_array_equal(
-            learner.inference.store.partial_steps(entry.slots), [sent] * num_envs
-        )
+        # The server records a step just after answering it.
+        wait_until(lambda: list(learner.inference.store.partial_steps(entry.slots)) == [sent] * num_envs,
+                   "the victim's steps in the store")
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -423,7 +423,8 @@ def test_sigkilled_raw_actor_loses_only_its_partial_unroll(healthy, workdir):
     finally:
         kill(after)
     assert stream_ready.exists()
-    assert tap.count(MARK_AFTER) - after_before == num_envs  # one full unroll per env
+    wait_until(lambda: tap.count(MARK_AFTER) - after_before == num_envs,  # one full unroll per env
+               "the new client's unrolls")
     assert tap.count(MARK_VICTIM) == 0
     wait_until(lambda: learner.table.num_connected == 1, "the finished client to leave")
     assert_training_continues(learner, procs=[actor])
@@ -466,7 +467,8 @@ def test_restarted_actor_is_a_new_run_and_old_stream_is_aborted(healthy, raw):
             assert old.step(2, MARK_OLD_RUN).shape == (2,)
         old_entry = connected_entry(learner, "a")
         assert old_entry.run_id == "r1"
-        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [2, 2])
+        wait_until(lambda: list(learner.inference.store.partial_steps(old_entry.slots)) == [2, 2],
+                   "a/r1's steps in the store")
         assert learner.table.runs_started == runs_before + 1
 
         new = raw.RawStream(address, timeout=WAIT_SECONDS)
@@ -487,7 +489,7 @@ def test_restarted_actor_is_a_new_run_and_old_stream_is_aborted(healthy, raw):
         new_before = tap.count(MARK_NEW_RUN)
         for _ in range(UNROLL_LENGTH + 1):
             assert new.step(2, MARK_NEW_RUN).shape == (2,)
-        assert tap.count(MARK_NEW_RUN) - new_before == 2
+        wait_until(lambda: tap.count(MARK_NEW_RUN) - new_before == 2, "a/r2's unrolls")
         assert tap.count(MARK_OLD_RUN) == 0
         assert connected_entry(learner, "a") is new_entry and not new_entry.closed
         assert learner.table.num_connected == 2
@@ -508,7 +510,8 @@ def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
         for _ in range(3):
             old.step(2, MARK_OLD_RUN)
         old_entry = connected_entry(learner, "b")
-        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [3, 3])
+        wait_until(lambda: list(learner.inference.store.partial_steps(old_entry.slots)) == [3, 3],
+                   "b/r1's steps in the store")
         # More envs after the restart: the old block cannot be reused for it.
         new = raw.RawStream(address, timeout=WAIT_SECONDS)
         new.handshake("b", "r2", 7)
@@ -570,11 +573,11 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
     # The learner's own consumer sees an empty queue: the test drains it itself.
     real_get = learner.queue.get
 
-    def gated_get(batch_size, timeout=None):
+    def gated_get(*args, timeout=None):
         time.sleep(min(timeout or 0.2, 0.2))
         return None
 
-    learner.queue.get = gated_get
+    learner.queue.get = learner.queue.take_all = gated_get  # the drain thread takes nothing
     streams = []
     try:
         address = learner.start(train=False)
@@ -608,9 +611,10 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
         new = open_stream()
         new.handshake("a", "r2", 2)
         assert learner.table.runs_started == 3
+        # The filler was answered before its unroll met the full queue.
+        assert filler.recv().WhichOneof("kind") == "actions"
         # Unblock the batcher.
         assert real_get(4, timeout=WAIT_SECONDS) is not None
-        assert filler.recv().WhichOneof("kind") == "actions"
         assert new.step(2).shape == (2,)
         with pytest.raises(grpc.RpcError) as info:
             old.recv()

@@ -1,15 +1,21 @@
 """Unit tests of the learner-side bookkeeping: UnrollStore, UnrollQueue, EnvTable."""
 
+import asyncio
 import threading
 
+import jax
 import numpy as np
 import pytest
 
-from seedq.schema import StepFieldSpec
+from seedq.agents.vtrace.agent import VTraceAgent
+from seedq.config import VTraceConfig
+from seedq.schema import EnvSpec, StepFieldSpec
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.acting.core import EpisodeTracker
 from seedq.acting.store import UnrollStore
+from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import QueueClosed, UnrollQueue
+from seedq.wire.codec import Steps
 
 pytestmark = pytest.mark.unit
 
@@ -349,6 +355,54 @@ def test_queue_close_wakes_blocked_put():
         q.try_put(chunk([2]))
     with pytest.raises(QueueClosed):
         q.put(chunk([2]), timeout=1)
+
+
+def test_queue_take_all_returns_every_chunk_and_empties_the_queue():
+    q = UnrollQueue(capacity=8)
+    assert q.take_all(timeout=0.05) is None  # empty: times out
+    q.put(chunk([0, 1, 2]))
+    q.put(chunk([3, 4]))
+    chunks = q.take_all(timeout=1)
+    assert [list(c["id"]) for c in chunks] == [[0, 1, 2], [3, 4]]
+    assert len(q) == 0
+    assert q.try_put(chunk(list(range(8))))  # all the room is free again
+    q.close()
+    assert [len(c["id"]) for c in q.take_all(timeout=1)] == [8]  # closed: what is queued still comes out
+    assert q.take_all() is None  # closed and empty: no wait
+
+
+
+def test_a_stream_released_between_answer_and_record_leaves_no_step_behind():
+    """The server records a batch one event-loop pass after answering it; a
+    stream released in between (its actor gone) must not get that step written
+    into its freed slots afterwards: release completes the record first, then
+    drops the partial unroll."""
+    spec = EnvSpec("float32", (4,), num_actions=2)
+    agent = VTraceAgent(spec, VTraceConfig())
+    server = InferenceServer(agent, spec, EnvTable(EpisodeLog()), UnrollQueue(64), max_batch_size=8,
+                             batch_timeout_ms=0.0, rng=jax.random.PRNGKey(0))
+    server.publish(agent.init(jax.random.PRNGKey(1)).params, 0)
+    entry, _ = server.connect("a", "run", 2)
+    steps = Steps(np.arange(2, dtype=np.int32), np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool),
+                  np.zeros((2, 4), np.float32))
+
+    async def answered_then_released():
+        batch_loop = asyncio.create_task(server.run())
+        await asyncio.sleep(0)
+        try:
+            await server.submit(entry, steps)  # one step recorded
+            await asyncio.sleep(0)
+            held = list(server.store.partial_steps(entry.slots))
+            await server.submit(entry, steps)  # answered; its record is still to come
+            server.release(entry)
+            await asyncio.sleep(0)  # the batch loop's turn to record
+            return held
+        finally:
+            batch_loop.cancel()
+
+    assert asyncio.run(answered_then_released()) == [1, 1]
+    np.testing.assert_array_equal(server.store.partial_steps(entry.slots), [0, 0])
+    assert server.store.dropped_steps == 4  # both steps of both envs, counted as lost
 
 
 # --- EnvTable ----------------------------------------------------------------------

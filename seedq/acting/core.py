@@ -104,6 +104,23 @@ class StepResult:
     unrolls: dict | None  # sequences this step completed (store only), else None
 
 
+@dataclasses.dataclass
+class PendingRecord:
+    """A step acted on but not yet written to the unroll store (`ActingCore.record`):
+    the arguments of `schema.step_record`, for the n envs in `slots`."""
+
+    slots: np.ndarray  # [n]
+    obs: np.ndarray
+    rewards: np.ndarray  # clipped for training
+    terminated: np.ndarray
+    truncated: np.ndarray
+    first: np.ndarray
+    actions: np.ndarray
+    version: int
+    outputs: dict  # act's outputs, padded rows included (cut to n when recorded)
+    core_before: dict
+
+
 class ActingCore:
     def __init__(self, agent, spec: schema.EnvSpec, precision, *, record: bool = True,
                  reward_clip: float = 0.0, greedy: bool = False, capacity: int = 64,
@@ -183,6 +200,17 @@ class ActingCore:
         Returns (StepResult, new rng). `params`: published at the core's
         precision; `version`: their policy version (recorded per step).
         """
+        result, rng, pending = self.act(params, version, rng, slots, obs, rewards, terminated, truncated,
+                                        pad_to=pad_to)
+        result.unrolls = self.record(pending)
+        return result, rng
+
+    def act(self, params, version: int, rng, slots, obs, rewards, terminated, truncated,
+            *, pad_to: int | None = None):
+        """`step` up to the actions: books the episodes and the recurrent state,
+        and returns (StepResult without unrolls, new rng, PendingRecord or None).
+        `record(pending)` must follow before the next `act` on any of these
+        slots; the server answers its actors in between."""
         n = len(slots)
         first, ended, returns, lengths = self.episodes.observe(slots, rewards, terminated, truncated)
         size = self.padded_size(n, pad_to)
@@ -196,15 +224,25 @@ class ActingCore:
         for name, table in self.core.items():
             table[slots] = np.asarray(new_core[name])[:n]
         result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], None)
-        if self.store is not None:
-            if self.reward_clip > 0:
-                rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
-            step = schema.step_record(
-                obs, rewards, terminated, truncated, first, actions, version,
-                {k: np.asarray(v)[:n] for k, v in outputs.items()}, core_before,
-            )
-            if self.store_mask is not None and not self.store_mask[slots].all():
-                keep = self.store_mask[slots]
-                slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
-            result.unrolls = self.store.append(slots, step) if len(slots) else None
-        return result, rng
+        if self.store is None:
+            return result, rng, None
+        if self.reward_clip > 0:
+            rewards = np.clip(rewards, -self.reward_clip, self.reward_clip)
+        pending = PendingRecord(slots, obs, rewards, terminated, truncated, first, actions, version,
+                                outputs, core_before)
+        return result, rng, pending
+
+    def record(self, pending: PendingRecord | None) -> dict | None:
+        """Writes an acted step into the unroll store; returns the sequences it
+        completed (name -> [k, length, ...]) or None."""
+        if pending is None:
+            return None
+        p, slots = pending, pending.slots
+        step = schema.step_record(
+            p.obs, p.rewards, p.terminated, p.truncated, p.first, p.actions, p.version,
+            {k: np.asarray(v)[: len(slots)] for k, v in p.outputs.items()}, p.core_before,
+        )
+        if self.store_mask is not None and not self.store_mask[slots].all():
+            keep = self.store_mask[slots]
+            slots, step = slots[keep], {k: v[keep] for k, v in step.items()}
+        return self.store.append(slots, step) if len(slots) else None

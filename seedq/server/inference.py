@@ -6,9 +6,10 @@ The batch loop gathers requests across streams until it holds
 its next request, or `batch_timeout_ms` passed since the first one arrived;
 then it hands the whole batch to the acting core (`seedq.acting.core`: one
 jitted `act` at the server's inference precision, padded to a fixed bucket
-size so steady state never recompiles; episode book-keeping; the step into
-every env's unroll), hands finished unrolls to the learner queue (waiting
-while it is full: backpressure), and answers.
+size so steady state never recompiles; episode book-keeping), answers, and
+only then records the step into every env's unroll and hands finished
+unrolls to the learner queue (waiting while it is full: backpressure), so
+the actors step their envs while the server does its book-keeping.
 
 The batcher never waits on a particular stream for longer than one batch
 timeout: a stream that missed a batch's deadline is no longer awaited until
@@ -137,6 +138,10 @@ class InferenceServer:
         self._closing = False
         self._has_work: asyncio.Event | None = None
         self._compiled: set[int] = set()
+        # The answered batch whose step is not in the unroll store yet, and
+        # the sequences recording it finished (`_record_answered`).
+        self._unrecorded = None
+        self._recorded_unrolls: dict | None = None
 
     @property
     def store(self):
@@ -171,6 +176,7 @@ class InferenceServer:
 
     def connect(self, actor_id: str, run_id: str, num_envs: int) -> tuple[ActorEntry, ActorEntry | None]:
         """Registers an actor's stream; returns (entry, the run it superseded or None)."""
+        self._record_answered()  # a reused block must not receive an old run's step afterwards
         entry, superseded = self.table.connect(actor_id, run_id, num_envs)
         if superseded is not None:  # the table already released its slots
             self.core.drop(superseded.slots)
@@ -182,6 +188,7 @@ class InferenceServer:
     def release(self, entry: ActorEntry) -> None:
         """Actor gone or restarted: forget its envs and its partial unrolls."""
         self._awaited.discard(entry)
+        self._record_answered()  # then drop the whole partial unroll, its last step included
         slots = self.table.release(entry)
         if slots is not None:
             self.core.drop(slots)
@@ -220,11 +227,14 @@ class InferenceServer:
                     self._count_timed_out_wait()
                     break
                 self._has_work.clear()
+                # A timer that sets the event, not asyncio.wait_for: that wraps
+                # the wait in a new task per batch, a cost the size of the
+                # batch's own book-keeping on this thread.
+                alarm = loop.call_at(deadline, self._has_work.set)
                 try:
-                    await asyncio.wait_for(self._has_work.wait(), remaining)
-                except asyncio.TimeoutError:
-                    self._count_timed_out_wait()
-                    break
+                    await self._has_work.wait()
+                finally:
+                    alarm.cancel()
             batch = self._take_batch()
             # Awaited next time: the streams answered now (none has a request
             # queued: one request in flight per stream). Silent ones drop out.
@@ -261,7 +271,7 @@ class InferenceServer:
     async def _run_batch(self, batch: list[_Request]) -> None:
         started = time.perf_counter()
         try:
-            actions, version, unrolls = self._infer(batch)
+            actions, version, pending = self._infer(batch)
         except Exception as e:  # never leave a stream hanging on a bad batch
             log.exception("inference failed")
             for request in batch:
@@ -269,6 +279,21 @@ class InferenceServer:
                     request.future.set_exception(e)
             return
         self.stats.latencies.record(time.perf_counter() - started)
+        offset = 0
+        for request in batch:
+            n = len(request.steps)
+            if not request.future.done():
+                request.future.set_result((actions[offset : offset + n], version))
+            offset += n
+        # The actors are answered before the step is recorded: one pass of the
+        # event loop lets their stream handlers send the actions, so the actors
+        # step their envs while this thread writes the unroll store (the next
+        # batch still waits for it). Backpressure holds: a full queue stops the
+        # next batch, one step later than before.
+        self._unrecorded = pending
+        await asyncio.sleep(0)
+        self._record_answered()
+        unrolls, self._recorded_unrolls = self._recorded_unrolls, None
         try:
             if unrolls is not None and not self.queue.try_put(unrolls):
                 waited = time.perf_counter()
@@ -276,21 +301,27 @@ class InferenceServer:
                 self.stats.backpressure_seconds += time.perf_counter() - waited
         except QueueClosed:
             # The learner is stopping while actors are still connected (`seedq
-            # learner` with remote actors): end their streams with UNAVAILABLE
-            # instead of leaving them to be cancelled mid-request.
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(ServerClosing())
+            # learner` with remote actors): the streams end with UNAVAILABLE at
+            # their next request instead of being cancelled mid-request.
+            self.close()
             return
-        offset = 0
-        for request in batch:
-            n = len(request.steps)
-            if not request.future.done():
-                request.future.set_result((actions[offset : offset + n], version))
-            offset += n
         self.stats.busy_seconds += time.perf_counter() - started
 
+    def _record_answered(self) -> None:
+        """Writes the answered batch's step into the unroll store, if not done
+        yet. The batch loop does it one event-loop pass after answering;
+        connecting and releasing streams do it first, so that no step lands
+        in slots that changed hands after it was acted on."""
+        pending, self._unrecorded = self._unrecorded, None
+        if pending is None:
+            return
+        try:
+            self._recorded_unrolls = self.core.record(pending)
+        except Exception:  # a learner bug: the actors already have their actions
+            log.exception("recording an inference batch failed: its steps are lost")
+
     def _infer(self, batch: list[_Request]):
+        """Acts on the joined batch; returns (actions [n, ...], policy version, PendingRecord)."""
         slots = np.concatenate([r.entry.first_slot + r.steps.env_indices for r in batch])
 
         def joined(name: str) -> np.ndarray:  # one request (the usual case): no copy
@@ -306,7 +337,7 @@ class InferenceServer:
             self._compiled.add(size)
             log.info("compiling inference for batch size %d", size)
         params, version = self._published
-        result, self._rng = self.core.step(
+        result, self._rng, pending = self.core.act(
             params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size
         )
         self.table.book_episodes(n, *self.core.reported_episodes(result))
@@ -315,4 +346,4 @@ class InferenceServer:
         self.stats.requests += len(batch)
         self.stats.env_steps += n
         self.stats.padded_steps += size
-        return result.actions, version, result.unrolls
+        return result.actions, version, pending

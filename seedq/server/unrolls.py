@@ -82,6 +82,17 @@ class UnrollQueue:
             return parts[0]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
+    def take_all(self, timeout: float | None = None) -> list[dict[str, np.ndarray]] | None:
+        """Every chunk queued, as put (at least one unroll), or None on timeout/close."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._closed or self._size, timeout) or not self._size:
+                return None
+            chunks = list(self._chunks)
+            self._chunks.clear()
+            self._size = 0
+            self._cond.notify_all()
+        return chunks
+
     def _append(self, chunk):
         self._chunks.append(chunk)
         self._size += _count(chunk)

@@ -11,6 +11,7 @@ docs/wire.md is the contract these checks implement.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -256,11 +257,18 @@ def _finite(field: str, values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _flags(field: str, values: np.ndarray) -> np.ndarray:
+def _flags(field: str, data: bytes, count: int) -> np.ndarray:
     """uint8 0/1 on the wire -> bool; any other byte is refused."""
-    if (values > 1).any():
+    values = _array(field, data, FLAG_DTYPE, count)
+    if data.translate(None, b"\x00\x01"):  # bytes left after deleting the 0s and 1s (no NumPy call)
         raise ProtocolError(field, f"flags must be 0 or 1, got {int(values.max())}")
     return values.view(bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _every_env_in_order(num_envs: int) -> bytes:
+    """The env_indices bytes of a step of all `num_envs` envs, 0..n-1 (what actors send)."""
+    return np.arange(num_envs, dtype=ENV_INDEX_DTYPE).tobytes()
 
 
 def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -> Steps:
@@ -277,17 +285,19 @@ def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -
     if n == 0:
         raise ProtocolError("steps.env_indices", "must name at least one env")
     env_indices = np.frombuffer(msg.env_indices, ENV_INDEX_DTYPE)
-    bad = (env_indices < 0) | (env_indices >= num_envs)
-    if bad.any():
-        raise ProtocolError(
-            "steps.env_indices",
-            f"unknown env index {int(env_indices[bad][0])} (handshake declared {num_envs} envs)",
-        )
-    if n > 1 and np.bincount(env_indices, minlength=num_envs).max() > 1:
-        raise ProtocolError("steps.env_indices", "an env index appears twice in one batch")
+    # Every env in order is the usual message: valid by a comparison of bytes.
+    if n != num_envs or msg.env_indices != _every_env_in_order(num_envs):
+        bad = (env_indices < 0) | (env_indices >= num_envs)
+        if bad.any():
+            raise ProtocolError(
+                "steps.env_indices",
+                f"unknown env index {int(env_indices[bad][0])} (handshake declared {num_envs} envs)",
+            )
+        if n > 1 and np.bincount(env_indices, minlength=num_envs).max() > 1:
+            raise ProtocolError("steps.env_indices", "an env index appears twice in one batch")
     rewards = _finite("steps.rewards", _array("steps.rewards", msg.rewards, REWARD_DTYPE, n))
-    terminated = _flags("steps.terminated", _array("steps.terminated", msg.terminated, FLAG_DTYPE, n))
-    truncated = _flags("steps.truncated", _array("steps.truncated", msg.truncated, FLAG_DTYPE, n))
+    terminated = _flags("steps.terminated", msg.terminated, n)
+    truncated = _flags("steps.truncated", msg.truncated, n)
     obs_dtype = spec.obs_np_dtype
     if len(msg.observations) != n * spec.obs_nbytes:
         raise ProtocolError(
