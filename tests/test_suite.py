@@ -1,6 +1,7 @@
 """`seedq bench suite`: scoring against the references, and one real (tiny) suite run."""
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -89,6 +90,21 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert "[2/2] CartPole-v1 seed 1: finished before, skipped" in again.stdout
     assert "training" not in again.stdout
     assert list(csv.DictReader(open(out / "results.csv"))) == rows
+
+    # A run stopped before its end (no summary.json yet) continues from its
+    # checkpoint instead of starting again; with other flags it would start again.
+    run_dir = out / "runs" / "CartPole-v1-seed1"
+    (run_dir / "summary.json").unlink()
+    continued = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+    assert continued.returncode == 0, continued.stdout + continued.stderr
+    assert "[2/2] CartPole-v1 seed 1: continuing an unfinished earlier attempt" in continued.stdout
+    assert "[1/2] CartPole-v1 seed 0: finished before, skipped" in continued.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"]
+    assert [r["seed"] for r in csv.DictReader(open(out / "results.csv"))] == ["0", "1"]
+    planned = suite.run_config(TrainConfig(num_actors=1, envs_per_actor=4, eval_episodes=2), "CartPole-v1", 1,
+                               2000, str(out))
+    assert suite.resumable(planned)
+    assert not suite.resumable(dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=2)))
 
 
 @pytest.mark.e2e

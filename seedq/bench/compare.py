@@ -154,13 +154,15 @@ class FinishedRun:
     command_seconds: float
 
 
-def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str) -> FinishedRun:
+def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str,
+                           extra_args: tuple[str, ...] = ()) -> FinishedRun:
     """Runs `config` as a fresh `seedq train` process (only the flags that differ
-    from the env's defaults); raises RuntimeError naming `what` if it fails."""
+    from the env's defaults, then `extra_args`, e.g. --resume); raises
+    RuntimeError naming `what` if it fails."""
     from seedq.flags import config_flags
 
     config.validate()
-    cmd = [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), "--quiet"]
+    cmd = [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, "--quiet"]
     load_avg = os.getloadavg()[0]
     before = os.times()
     started = time.monotonic()

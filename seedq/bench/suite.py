@@ -18,8 +18,9 @@ training flags passed through to every run (`--precision int8`,
 * `summary.md`: per env, medians over seeds beside the reference and its source;
 * `<env>.png`: the curves of every seed with the reference and random lines.
 
-A rerun skips the runs that finished (their summary.json says max_frames)
-and starts the others afresh.
+A rerun skips the runs that finished (their summary.json says max_frames),
+continues an unfinished one from its last checkpoint when it ran with the
+same config (`seedq train --resume`), and starts the others afresh.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 from seedq.bench import compare
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json
-from seedq.config import TrainConfig
+from seedq.config import TrainConfig, to_dict
 
 RANDOM_SEED = 10_000  # env seeds of the random-policy episodes (apart from eval_seed's)
 
@@ -67,6 +68,22 @@ def run_config(base: TrainConfig, env_id: str, seed: int, frames: int, out: str)
 def finished(config: TrainConfig) -> bool:
     summary = read_json(os.path.join(config.logdir, "summary.json"))
     return bool(summary) and summary.get("stop_reason") == "max_frames" and summary["frames"] >= config.max_frames
+
+
+def resumable(config: TrainConfig) -> bool:
+    """Whether an unfinished earlier attempt at `config` (a stopped or killed
+    suite) left a checkpoint to continue from, and ran with this very config;
+    one started with other flags is started again."""
+    from seedq import checkpoint
+
+    saved = read_json(os.path.join(config.logdir, "config.json"))
+    if saved is None or saved != json.loads(json.dumps(to_dict(config))):  # JSON has no tuples
+        return False
+    try:
+        checkpoint.locate(config.logdir)
+    except checkpoint.CheckpointError:
+        return False
+    return True
 
 
 def random_return(env_id: str, episodes: int, options) -> float:
@@ -142,9 +159,14 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         if finished(config):
             log(f"{what}: finished before, skipped")
             continue
-        shutil.rmtree(config.logdir, ignore_errors=True)  # an unfinished earlier attempt
+        extra_args = ()
+        if resumable(config):
+            extra_args = ("--resume", config.logdir)
+            log(f"{what}: continuing an unfinished earlier attempt from its checkpoint")
+        else:
+            shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
         log(f"{what}: training {config.max_frames:,} frames ({time.monotonic() - suite_started:.0f}s into the suite)")
-        done = compare.train_in_fresh_process(config, timeout=None, what=what)
+        done = compare.train_in_fresh_process(config, timeout=None, what=what, extra_args=extra_args)
         row = result_row(config, done.summary, done.curve, randoms[config.env])
         log(f"{what}: final {_fmt(row['final_return'], '.1f')}, best {_fmt(row['best_return'], '.1f')}, "
             f"eval {_fmt(row['eval_return'], '.1f')}, normalised best {_fmt(row['best_normalised'], '.2f')} "
