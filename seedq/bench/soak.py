@@ -373,6 +373,12 @@ class Soak:
                         next_kill = now + 0.2  # retry when another actor is connected
             # No kills in the last SETTLE_SECONDS: a killed actor's entry must be gone by now.
             final = self._sample() or stats
+            if final is None:  # the learner killed at kill_learner_at never wrote stats again
+                log_path = os.path.join(self.workdir, f"learner-{self.learner_generation}.log")
+                raise SoakError(
+                    f"the resumed learner wrote no stats by the end of the {self.config.seconds:g}s soak "
+                    f"(still starting up? a longer --seconds gives it time; its log: {log_path})"
+                )
             rss_end = self._rss()
             return self._result(final, rss_end)
         finally:
