@@ -377,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
         "no time limit; every other config flag given here (e.g. --precision int8, --architecture "
         "impala) passes through to every run. Measures the random policy's return per env and writes "
         "OUT/results.csv, OUT/curves.csv, OUT/summary.md (against the references, normalised "
-        "(return - random) / (reference - random)) and one PNG per env. A rerun skips finished runs.",
+        "(return - random) / (reference - random)) and one PNG per env. A rerun skips finished runs "
+        "and continues unfinished ones from their checkpoint (same config only).",
         formatter_class=_HelpFormatter,
     )
     add_config_flags(suite)
