@@ -199,10 +199,14 @@ class Soak:
             *c.learner_args,
         ]
 
+    @property
+    def _learner_log(self) -> str:
+        """The log file of the learner process started last."""
+        return os.path.join(self.workdir, f"learner-{self.learner_generation}.log")
+
     def _start_learner(self, resume: bool = False) -> None:
         self.learner_generation += 1
-        path = os.path.join(self.workdir, f"learner-{self.learner_generation}.log")
-        with open(path, "w") as out:
+        with open(self._learner_log, "w") as out:
             self.learner = subprocess.Popen(
                 self._learner_command(resume), stdout=out, stderr=subprocess.STDOUT
             )
@@ -235,10 +239,9 @@ class Soak:
 
     def _check_learner_alive(self) -> None:
         if self.learner.poll() is not None:
-            log_path = os.path.join(self.workdir, f"learner-{self.learner_generation}.log")
             raise SoakError(
                 f"the learner exited with code {self.learner.returncode} "
-                f"(log {log_path}: {_tail(log_path)})"
+                f"(log {self._learner_log}: {_tail(self._learner_log)})"
             )
 
     # --- measurements ---
@@ -374,10 +377,9 @@ class Soak:
             # No kills in the last SETTLE_SECONDS: a killed actor's entry must be gone by now.
             final = self._sample() or stats
             if final is None:  # the learner killed at kill_learner_at never wrote stats again
-                log_path = os.path.join(self.workdir, f"learner-{self.learner_generation}.log")
                 raise SoakError(
                     f"the resumed learner wrote no stats by the end of the {self.config.seconds:g}s soak "
-                    f"(still starting up? a longer --seconds gives it time; its log: {log_path})"
+                    f"(still starting up? a longer --seconds gives it time; its log: {self._learner_log})"
                 )
             rss_end = self._rss()
             return self._result(final, rss_end)

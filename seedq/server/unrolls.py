@@ -83,7 +83,8 @@ class UnrollQueue:
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def take_all(self, timeout: float | None = None) -> list[dict[str, np.ndarray]] | None:
-        """Every chunk queued, as put (at least one unroll), or None on timeout/close."""
+        """Every chunk queued, as put (at least one unroll); None on timeout, or
+        once the queue is closed and empty (what was queued before close still comes out)."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._closed or self._size, timeout) or not self._size:
                 return None

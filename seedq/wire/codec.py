@@ -286,7 +286,7 @@ def decode_steps(message: seed_pb2.ActorMessage, spec: EnvSpec, num_envs: int) -
         raise ProtocolError("steps.env_indices", "must name at least one env")
     env_indices = np.frombuffer(msg.env_indices, ENV_INDEX_DTYPE)
     # Every env in order is the usual message: valid by a comparison of bytes.
-    if n != num_envs or msg.env_indices != _every_env_in_order(num_envs):
+    if msg.env_indices != _every_env_in_order(num_envs):
         bad = (env_indices < 0) | (env_indices >= num_envs)
         if bad.any():
             raise ProtocolError(
