@@ -176,7 +176,12 @@ def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
     )
     actor.add_argument("--num-envs", type=int, default=32, help="envs stepped as one vector")
     actor.add_argument("--actor-id", default="", help="stable actor name (default: host-pid)")
-    actor.add_argument("--seed", type=int, default=0)
+    actor.add_argument("--seed", type=int, default=0, help="base seed of the env vector's episodes")
+    actor.add_argument(
+        "--seed-from-actor-id", action="store_true",
+        help="combine --seed with a hash of --actor-id, so replicas started with one command line "
+        "(a Deployment's pods, a VM template's units) step different episodes",
+    )
     actor.add_argument("--max-seconds", type=float, default=0.0, help="stop after this long (0: never)")
     actor.add_argument(
         "--retry-max-seconds", type=float, default=0.0,
@@ -520,8 +525,11 @@ def _print_actor_config(args: argparse.Namespace) -> int:
         print(f"seedq {args.command}: {e}", file=sys.stderr)
         return 2
     plain = {k: v for k, v in vars(args).items() if "." not in k and k not in ("command", "print_config")}
+    from seedq.actor.seed_actor import env_seed
+
     out = {
         "command": args.command, **plain,
+        "env_seed": env_seed(args),
         "channel": config_lib.to_dict(channel),
         "env_options": config_lib.to_dict(config_from_args(args, config_lib.EnvOptions)),
     }

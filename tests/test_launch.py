@@ -204,12 +204,12 @@ def _stub_pod_files(doc: dict, root: pathlib.Path, docs: list[dict]) -> dict[str
     return mapping
 
 
-def _localise(words: list[str], mapping: dict[str, str]) -> list[str]:
+def _localise(words: list[str], mapping: dict[str, str], pod_name: str = "pong-actors-7d9c-x2") -> list[str]:
     out = []
     for word in words:
         for pod_path, here in sorted(mapping.items(), key=lambda kv: -len(kv[0])):
             word = re.sub(re.escape(pod_path) + r"(?=/|$)", here, word)
-        out.append(word.replace("$(POD_NAME)", "pong-actors-7d9c-x2"))
+        out.append(word.replace("$(POD_NAME)", pod_name))
     return out
 
 
@@ -252,6 +252,10 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
                 assert bool(printed["channel"]["tls"]["ca"]) == bool(config["tls"]["cert"])
                 assert bool(printed["channel"]["tls"]["cert"]) == bool(config["tls"]["client_ca"])
                 assert (printed["command"] == "impala-actor") == (config["architecture"] == "impala")
+                # Two replicas of the Deployment: one command line, different env seeds.
+                code, out, err = run_cli(_localise(command[1:], mapping, "pong-actors-7d9c-q5") + ["--print-config"])
+                assert code == 0, err
+                assert json.loads(out)["env_seed"] != printed["env_seed"]
 
 
 @pytest.mark.unit
@@ -396,6 +400,10 @@ def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(tok
     assert printed["server"] == "10.128.0.7:50051" and printed["actor_id"] == "actor-vm-1-3"
     assert printed["channel"]["auth"]["token_file"] == f"{tmp_path}/seedq-token"
     assert printed["num_envs"] == 24 and printed["env_options"]["atari"]["screen_size"] == 64
+    # The same unit on another VM of the template steps other episodes.
+    code, out, err = run_cli([w.replace("actor-vm-1", "actor-vm-2") for w in argv] + ["--print-config"])
+    assert code == 0, err
+    assert json.loads(out)["env_seed"] != printed["env_seed"]
     commands = _commands(script)
     create = commands[0]
     assert create[:5] == ["gcloud", "compute", "instances", "create", "seedq-learner"]
@@ -553,3 +561,17 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
     summary = json.loads((run / "summary.json").read_text())
     assert summary["frames"] >= 4000 and summary["stop_reason"] == "max_frames", summary
     assert json.loads((run / "config.json").read_text())["tls"]["client_ca"].endswith("/tls/ca.crt")
+
+
+@pytest.mark.unit
+def test_actor_env_seed_mixes_in_the_actor_id_only_when_asked():
+    def env_seed(*flags):
+        code, out, err = run_cli(["actor", "--server", "localhost:1", "--env", "CartPole-v1", *flags, "--print-config"])
+        assert code == 0, err
+        return json.loads(out)["env_seed"]
+
+    assert env_seed("--seed", "7", "--actor-id", "a-1") == 7
+    mixed = env_seed("--seed", "7", "--actor-id", "a-1", "--seed-from-actor-id")
+    assert mixed == env_seed("--seed", "7", "--actor-id", "a-1", "--seed-from-actor-id")  # stable across processes
+    assert mixed not in (7, env_seed("--seed", "7", "--actor-id", "a-2", "--seed-from-actor-id"),
+                         env_seed("--seed", "8", "--actor-id", "a-1", "--seed-from-actor-id"))

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import uuid
+import zlib
 
 import grpc
 import numpy as np
@@ -284,6 +285,24 @@ def exit_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def env_seed(args) -> int:
+    """The seed of the actor's first episodes: `--seed`, or with
+    `--seed-from-actor-id` `--seed` mixed with a stable hash of the actor id
+    (the ids of one Deployment's pods or one VM template's units differ, their
+    command lines do not). Identical resets would start every replica's
+    episodes in the same states, and an env's own randomness (Atari's sticky
+    actions) would repeat across them."""
+    if not getattr(args, "seed_from_actor_id", False):
+        return args.seed
+    # crc32, not hash(): Python salts str hashes per process. Below 2**30, so
+    # the per-env and per-reconnect offsets stay inside a 32-bit seed.
+    return (args.seed * 1_000_003 + zlib.crc32(actor_name(args).encode())) % 2**30
+
+
+def actor_name(args) -> str:
+    return args.actor_id or f"{os.uname().nodename}-{os.getpid()}"
+
+
 def main(args, connection=None, prog: str = "seedq actor") -> int:
     """Entry point of `seedq actor` (and, with its `connection`, of `seedq
     impala-actor`); returns the process exit code."""
@@ -294,7 +313,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
     if getattr(args, "parent_pid", 0):
         exit_with_parent(args.parent_pid)
     stats = ActorStats()
-    actor_id = args.actor_id or f"{os.uname().nodename}-{os.getpid()}"
+    actor_id = actor_name(args)
     channel_config = config_from_args(args, ActorChannelConfig)
     try:
         channel_config.validate()
@@ -322,7 +341,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
         for sig in stop_signals:
             loop.add_signal_handler(sig, stop)
         coro = run_actor(
-            args.server, args.env, args.num_envs, actor_id=actor_id, seed=args.seed,
+            args.server, args.env, args.num_envs, actor_id=actor_id, seed=env_seed(args),
             retry_max_seconds=args.retry_max_seconds, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions), channel_config=channel_config,

@@ -143,7 +143,10 @@ def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
     if opts.tls_server_name:
         flags += ["--tls.server-name", opts.tls_server_name]
     exec_start = (
-        f"/opt/seedq/bin/seedq {command} --server ${{LEARNER}} --actor-id %H-%i --seed %i "
+        # Every VM of the template runs these units: the actor id (host, unit)
+        # makes their env seeds differ.
+        f"/opt/seedq/bin/seedq {command} --server ${{LEARNER}} --actor-id %H-%i "
+        f"--seed {config.seed} --seed-from-actor-id "
         + shlex.join(flags)
     )
     return "\n".join([

@@ -119,9 +119,9 @@ def actor_command(config: TrainConfig, opts: K8sOptions, host: int) -> list[str]
         "--env", config.env,
         "--num-envs", str(config.envs_per_actor),
         "--actor-id", "$(POD_NAME)",
-        # Replicas of one Deployment share this seed; their episodes diverge
-        # through the learner's sampled actions.
-        "--seed", str(config.seed * 1000 + host),
+        # Replicas of one Deployment share the command line: the pod name
+        # (the actor id) makes their env seeds differ.
+        "--seed", str(config.seed * 1000 + host), "--seed-from-actor-id",
     ]
     args += config_flags(config.env_options, config_lib.EnvOptions)
     if opts.tls_mode != "none":
