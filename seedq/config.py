@@ -239,7 +239,7 @@ class VTraceConfig:
     # stayed at 0.2-0.7 of their references; docs/learning.md, stop 22), and
     # CartPole in 125k frames instead of 276k without reuse. It costs the
     # learner 4x the compute per frame. Without ppo_clip, reuse 2 collapsed a
-    # CartPole seed. Box actions: 8 (CONTINUOUS_VTRACE).
+    # CartPole seed.
     reuse: int = 4
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
@@ -255,9 +255,7 @@ class VTraceConfig:
     # An LSTM between torso and heads (state kept per env by the server).
     use_lstm: bool = False
     lstm_size: int = 256
-    # Continuous actions: initial log standard deviation of the Gaussian policy
-    # (CONTINUOUS_VTRACE starts at 0, std 1: at -1 and -0.5 cartpole-swingup
-    # explored too little to find its balancing policy in time).
+    # Continuous actions: initial log standard deviation of the Gaussian policy.
     initial_log_std: float = -0.5
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
@@ -274,8 +272,7 @@ class VTraceConfig:
     # policy learns. all_layers for Box actions (CONTINUOUS_VTRACE): walker-walk
     # 0.68 -> 1.22 of its reference; it slows cartpole-swingup (0.71 in 2 of 3
     # seeds at 1M frames), where first_layer keeps swingup but not walker
-    # (docs/learning.md, stop 24); Box actions' reuse 8 and initial std 1 give
-    # swingup its speed back (stop 27).
+    # (docs/learning.md, stop 24).
     layer_norm: str = "none"
 
 
@@ -702,14 +699,8 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
 # log-std even 0.001 outweighed the small advantages, so walker-walk's
 # entropy rose from 5.5 to 7.3 while it learned, and cartpole-swingup reached
 # 0.71-1.13 of its reference instead of 1.14-1.27 (docs/learning.md, stop 22).
-# LayerNorm in every torso layer (stop 24, VTraceConfig.layer_norm). Each
-# batch trained on 8 times and a Gaussian that starts at std 1 (stop 27): with
-# the LayerNorm, cartpole-swingup found its balancing policy late in its
-# budget (0.98, 0.71, 0.71 of the reference); reuse 8 alone lifted every seed
-# (1.20, 0.82, 0.83), a smaller initial std made it worse (0.72, 0.55, 0.59),
-# and the two together reach 1.15, 1.26, 1.29, with Pendulum unchanged
-# (1.01-1.02). std 1 is CleanRL's PPO start for MuJoCo and dm_control.
-# Both action families share the reward scale and the anneal.
+# LayerNorm in every torso layer (stop 24, VTraceConfig.layer_norm).
+# Both action families share the reward scale, reuse and the anneal.
 CONTINUOUS_VTRACE = VTraceConfig(
     unroll_length=20,
     lambda_=0.95,
@@ -718,8 +709,6 @@ CONTINUOUS_VTRACE = VTraceConfig(
     reward_scale=0.1,
     shared_torso=False,
     layer_norm="all_layers",
-    reuse=8,
-    initial_log_std=0.0,
 )
 
 
