@@ -292,7 +292,7 @@ def env_seed(args) -> int:
     command lines do not). Identical resets would start every replica's
     episodes in the same states, and an env's own randomness (Atari's sticky
     actions) would repeat across them."""
-    if not getattr(args, "seed_from_actor_id", False):
+    if not args.seed_from_actor_id:
         return args.seed
     # crc32, not hash(): Python salts str hashes per process. Below 2**30, so
     # the per-env and per-reconnect offsets stay inside a 32-bit seed.
