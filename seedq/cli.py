@@ -644,7 +644,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _bench_suite(args: argparse.Namespace) -> int:
-    from seedq.bench import references, suite
+    from seedq.bench import compare, references, suite
 
     try:
         if args.env is not None:
@@ -667,6 +667,9 @@ def _bench_suite(args: argparse.Namespace) -> int:
             max_frames=args.max_frames or 0, frames_scale=args.frames_scale,
             random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
         )
+    except compare.Stopped as e:
+        print(f"seedq bench suite: {e}; the same command resumes the suite from it", file=sys.stderr)
+        return 128 + e.signum
     except (ValueError, RuntimeError, OSError) as e:
         print(f"seedq bench suite: {e}", file=sys.stderr)
         return 1
@@ -691,6 +694,9 @@ def _compare(args: argparse.Namespace) -> int:
                 watts_per_core=args.watts_per_core, grams_co2_per_kwh=args.grams_co2_per_kwh,
                 log=lambda line: print(line, flush=True),
             )
+    except compare.Stopped as e:
+        print(f"seedq compare: {e}; the runs finished before it are in {args.out}/results.csv", file=sys.stderr)
+        return 128 + e.signum
     except (ValueError, RuntimeError, OSError) as e:
         print(f"seedq compare: {e}", file=sys.stderr)
         return 1

@@ -3,13 +3,16 @@
 import csv
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from seedq.bench import references, suite
-from seedq.config import TrainConfig
+from seedq.config import TrainConfig, from_dict
 
 
 @pytest.mark.unit
@@ -115,3 +118,48 @@ def test_suite_refuses_a_single_env_flag(tmp_path):
     )
     assert result.returncode == 1 and "the suite takes --envs" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """pids whose command line contains `text` (Linux /proc)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(name))
+            except OSError:
+                pass  # exited meanwhile
+    return pids
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_path, stop):
+    """SIGTERM or SIGINT to the suite process alone: its training run gets the
+    stop, saves a checkpoint and exits (no orphan left training); the suite
+    says so in one line and exits 128 + signal; the run stays resumable."""
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "seedq.cli", "bench", "suite", "--envs", "CartPole-v1", "--seeds", "1",
+           "--max-frames", "50000000", "--num-actors", "1", "--envs-per-actor", "4",
+           "--random-episodes", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = out / "runs" / "CartPole-v1-seed0"
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "stats.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (run_dir / "stats.json").exists(), "the run never reported progress"
+        proc.send_signal(stop)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + stop, stdout + stderr
+    assert "Traceback" not in stderr
+    assert f"stopped by {signal.Signals(stop).name}" in stderr and "resumes" in stderr
+    assert _processes_mentioning(str(run_dir)) == []
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert suite.resumable(from_dict(TrainConfig, saved))
+    assert not suite.finished(from_dict(TrainConfig, saved))

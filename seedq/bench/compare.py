@@ -25,8 +25,10 @@ import csv
 import dataclasses
 import glob
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -154,6 +156,50 @@ class FinishedRun:
     command_seconds: float
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT (Ctrl-C) reached a benchmark while a run trained; the
+    run was passed the signal, checkpointed and exited. `signum`: the signal."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+def _run_passing_on_stops(cmd: list[str], timeout: float | None, what: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `cmd`. The child runs in a process
+    group of its own, and the first SIGTERM or SIGINT this process gets is
+    passed on to it once, then Stopped is raised when it has exited.
+    (subprocess.run would SIGKILL it on Ctrl-C, losing the steps since its last
+    checkpoint, and leave it running on SIGTERM; a terminal's Ctrl-C reaching
+    both processes would send the run a second stop during its final save.)"""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    received: list[int] = []
+
+    def pass_on(signum, frame):
+        if not received:
+            received.append(signum)
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
+    try:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        name = signal.Signals(received[0]).name
+        raise Stopped(f"{what}: stopped by {name}; the run saved a checkpoint and exited ({proc.returncode})",
+                      received[0])
+    return proc.returncode, stdout, stderr
+
+
 def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str,
                            extra_args: tuple[str, ...] = ()) -> FinishedRun:
     """Runs `config` as a fresh `seedq train` process (only the flags that differ
@@ -166,11 +212,10 @@ def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: 
     load_avg = os.getloadavg()[0]
     before = os.times()
     started = time.monotonic()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    returncode, stdout, stderr = _run_passing_on_stops(cmd, timeout, what)
     after = os.times()
-    if result.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {result.returncode}): "
-                           f"{(result.stderr or result.stdout).strip()[-2000:]}")
+    if returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {returncode}): {(stderr or stdout).strip()[-2000:]}")
     # Children's CPU: the learner and, through it, its actor processes (waited for).
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     logdir = config.logdir
