@@ -255,13 +255,8 @@ class VTraceConfig:
     # An LSTM between torso and heads (state kept per env by the server).
     use_lstm: bool = False
     lstm_size: int = 256
-    # Continuous actions: initial log standard deviation of the Gaussian policy;
-    # none: -ln(d)/2 for d action dimensions (a std of 1/sqrt(d)), so the
-    # exploration noise starts with a total variance of 1 whatever the action
-    # dimension. With reuse 8 that passes cartpole-swingup (std 1) and
-    # walker-walk (std 0.41); one std for both held one of them below its
-    # reference (docs/learning.md, stops 27-28).
-    initial_log_std: Optional[float] = None
+    # Continuous actions: initial log standard deviation of the Gaussian policy.
+    initial_log_std: float = -0.5
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
     shared_torso: bool = True
@@ -704,12 +699,9 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
 # log-std even 0.001 outweighed the small advantages, so walker-walk's
 # entropy rose from 5.5 to 7.3 while it learned, and cartpole-swingup reached
 # 0.71-1.13 of its reference instead of 1.14-1.27 (docs/learning.md, stop 22).
-# LayerNorm in every torso layer (stop 24, VTraceConfig.layer_norm). Reuse 8
-# (stop 28): with the dimension-scaled initial std, it is what takes
-# cartpole-swingup past its reference in every seed; at 4 it unlearned.
-# Both action families share the reward scale and the anneal.
+# LayerNorm in every torso layer (stop 24, VTraceConfig.layer_norm).
+# Both action families share the reward scale, reuse and the anneal.
 CONTINUOUS_VTRACE = VTraceConfig(
-    reuse=8,
     unroll_length=20,
     lambda_=0.95,
     learning_rate=5e-4,

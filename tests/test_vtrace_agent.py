@@ -10,13 +10,12 @@ unchanged parameters the importance ratios pi/mu are not 1.
 import dataclasses
 
 import jax
-from flax import traverse_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
-from seedq.agents.vtrace import losses, networks
+from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import VTraceConfig
 from seedq.schema import EnvSpec
@@ -222,26 +221,6 @@ def test_gaussian_policy_samples_its_distribution_and_starts_at_initial_log_std(
     z = (actions - mean) / np.exp(-1.0)
     assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
     np.testing.assert_array_equal(np.asarray(agent.greedy_actions(dist)), mean)
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("action_dims", [1, 2, 6, 17])
-def test_default_initial_std_gives_the_noise_unit_total_variance(action_dims):
-    spec = EnvSpec("float32", (5,), action_shape=(action_dims,),
-                   action_low=(-1.0,) * action_dims, action_high=(1.0,) * action_dims)
-    agent = VTraceAgent(spec, VTraceConfig())  # initial_log_std None: derived from the dimension
-    params = agent.init(jax.random.PRNGKey(0)).params
-    (log_std,) = [v for k, v in traverse_util.flatten_dict(params).items() if k[-1] == "log_std"]
-    std = np.exp(np.asarray(log_std))
-    assert std.shape == (action_dims,)
-    np.testing.assert_allclose(std, 1 / np.sqrt(action_dims), rtol=1e-6)
-    np.testing.assert_allclose(np.sum(std**2), 1.0, rtol=1e-5)
-
-
-@pytest.mark.unit
-def test_unit_variance_log_std_refuses_no_action_dimension():
-    with pytest.raises(ValueError, match="action_dims=0"):
-        networks.unit_variance_log_std(0)
 
 
 @pytest.mark.unit

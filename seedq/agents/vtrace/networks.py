@@ -24,7 +24,6 @@ of +-8 on a [-1, 1] action and a collapsed return).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import flax.linen as nn
@@ -40,14 +39,6 @@ from seedq.agents.vtrace import losses
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-def unit_variance_log_std(action_dims: int) -> float:
-    """The initial log std that gives a d-dimensional Gaussian policy's noise a
-    total variance of 1 (d * std**2 = 1): -ln(d) / 2."""
-    if action_dims < 1:
-        raise ValueError(f"action_dims={action_dims}: must be >= 1")
-    return -0.5 * math.log(action_dims)
-
-
 class PolicyValueNetwork(nn.Module):
     """(obs [T, B, *obs], first [T, B], carry | None) -> (dist params {k: [T, B, ...]}, value [T, B], carry)."""
 
@@ -57,8 +48,7 @@ class PolicyValueNetwork(nn.Module):
     hidden_sizes: tuple[int, ...] = (64, 64)
     use_lstm: bool = False
     lstm_size: int = 256
-    # Box: the log std's initial value; None: unit_variance_log_std(num_outputs).
-    initial_log_std: Optional[float] = None
+    initial_log_std: float = -0.5
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
@@ -91,10 +81,9 @@ class PolicyValueNetwork(nn.Module):
         value = split_time_batch(value, T, B)[..., 0]
         if not self.continuous:
             return {"logits": policy}, value, carry
-        initial_log_std = self.initial_log_std
-        if initial_log_std is None:
-            initial_log_std = unit_variance_log_std(self.num_outputs)
-        log_std = self.param("log_std", nn.initializers.constant(initial_log_std), (self.num_outputs,))
+        log_std = self.param(
+            "log_std", nn.initializers.constant(self.initial_log_std), (self.num_outputs,)
+        )
         log_std = jnp.clip(log_std.astype(policy.dtype), LOG_STD_MIN, LOG_STD_MAX)
         if self.action_low:
             low, high = np.asarray(self.action_low), np.asarray(self.action_high)
