@@ -371,6 +371,20 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     assert scalars["grad_norm"][-1] == (15000, 1.25)
 
 
+def test_progress_line_shows_entropy_and_a_box_policys_std():
+    from fake_learner import learner_stats
+
+    from seedq.config import TrainConfig
+    from seedq.learner.sinks import Tick, progress_line
+
+    def line(metrics):
+        return progress_line(TrainConfig(), Tick(learner_stats(frames=100), metrics, 1.0, 100.0, 2.0))
+
+    assert line({"policy/entropy": 0.6931}).endswith("| entropy 0.693")
+    assert line({"policy/entropy": -1.467, "policy/std": 0.1953}).endswith("| entropy -1.467 std 0.195")
+    assert "entropy" not in line({}) and "std" not in line({})
+
+
 # --- docs and notebook ---
 
 

@@ -224,6 +224,26 @@ def test_gaussian_policy_samples_its_distribution_and_starts_at_initial_log_std(
 
 
 @pytest.mark.unit
+def test_box_health_reports_the_policy_std():
+    """policy/std (geometric mean over dimensions) and policy/std_min follow the
+    log-std parameter; Discrete policies have neither."""
+    spec = EnvSpec("float32", (5,), action_shape=(3,), action_low=(-1.0,) * 3, action_high=(1.0,) * 3)
+    agent = VTraceAgent(spec, VTraceConfig())
+    state = agent.init(jax.random.PRNGKey(0))
+    log_std = np.array([-1.6, -0.2, 0.3], np.float32)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.asarray(log_std) if "log_std" in jax.tree_util.keystr(path) else x, state.params)
+    batch = _record(agent, params, steps=11, n=4)
+    _, metrics = jax.jit(agent.loss)(params, batch)
+    np.testing.assert_allclose(float(metrics["policy/std"]), np.exp(log_std.mean()), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["policy/std_min"]), np.exp(-1.6), rtol=1e-5)
+    cartpole = VTraceAgent(CARTPOLE, VTraceConfig())
+    cstate = cartpole.init(jax.random.PRNGKey(0))
+    _, cmetrics = jax.jit(cartpole.loss)(cstate.params, _record(cartpole, cstate.params, steps=11, n=4))
+    assert "policy/std" not in cmetrics
+
+
+@pytest.mark.unit
 def test_gaussian_log_prob_and_entropy_match_scipy():
     rng = np.random.default_rng(0)
     mean, log_std, x = (rng.normal(size=(7, 3)) for _ in range(3))

@@ -47,3 +47,10 @@ def saturation(activations: Sequence[chex.Array]) -> jax.Array:
     saturated = sum(jnp.sum(jnp.abs(a) > SATURATED) for a in activations)
     total = sum(a.size for a in activations)
     return saturated / max(total, 1)
+
+
+def geometric_mean_and_min_std(log_std: chex.Array) -> tuple[jax.Array, jax.Array]:
+    """A Gaussian policy's std over its action dimensions: (exp(mean log std),
+    min std). log_std [..., d] (state-independent stds repeat along the
+    leading axes, so no mask is needed)."""
+    return jnp.exp(jnp.mean(log_std)), jnp.exp(jnp.min(log_std))

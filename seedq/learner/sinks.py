@@ -76,6 +76,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     ret = "-" if s.mean_return is None else f"{s.mean_return:7.1f}"
     loss = metrics.get("loss/total")
     entropy = metrics.get("policy/entropy")
+    std = metrics.get("policy/std")  # Box actions
     p99 = "-" if s.latency_p99_seconds is None else f"{1e3 * s.latency_p99_seconds:.1f}ms"
     waiting = (
         f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else ""
@@ -92,6 +93,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         + ("" if loss is None else f" | loss {loss:8.4f}")
         # A policy collapsing to one action shows here first (learning health).
         + ("" if entropy is None else f" | entropy {entropy:5.3f}")
+        + ("" if std is None else f" std {std:5.3f}")
         + waiting
     )
 

@@ -281,6 +281,10 @@ class VTraceAgent:
             out["policy/logit_spread_across_states"] = health.spread_across_states(
                 target_dist["logits"], valid
             )
+        if "log_std" in target_dist:
+            # Box: the std itself, which entropy summed over d dimensions hides
+            # (walker-walk runs that stopped exploring had driven it to ~0.2).
+            out["policy/std"], out["policy/std_min"] = health.geometric_mean_and_min_std(target_dist["log_std"])
         # tanh MLP torsos, per layer; "torso/saturation": the last layer of the
         # policy's torso, the features the heads read.
         for torso, layers in activations.items():
