@@ -33,7 +33,7 @@ def test_soak_with_actor_kills_and_a_learner_kill(tmp_path):
         [sys.executable, "-m", "seedq.cli", "bench", "soak", "--seconds", "30", "--kill-every", "3",
          "--kill-learner-at", "12", "--checkpoint-every-seconds", "3", "--workdir", str(tmp_path),
          "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=480,  # the resumed learner may start up for 300 s
     )
     assert result.returncode == 0, result.stdout + result.stderr
     r = json.loads(result.stdout)
