@@ -322,6 +322,44 @@ def test_server_clips_training_rewards_but_books_unclipped_returns():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("spec", [CARTPOLE, SWINGUP], ids=["discrete", "gaussian"])
+def test_server_records_what_it_answered_and_the_learner_recomputes_it(spec):
+    """Through the real batch path (answer the actors, then record): every
+    recorded step holds the observation sent and the action answered for it,
+    and the learner, with the acting parameters, recomputes exactly the
+    behaviour policy (ratios 1, nothing clipped)."""
+    from seedq.server.env_table import EnvTable, EpisodeLog
+    from seedq.server.inference import InferenceServer
+    from seedq.server.unrolls import UnrollQueue
+    from seedq.wire import codec
+
+    config = VTraceConfig(unroll_length=4)
+    agent = VTraceAgent(spec, config)
+    server = InferenceServer(agent, spec, EnvTable(EpisodeLog()), UnrollQueue(16), max_batch_size=8,
+                             batch_timeout_ms=0, rng=jax.random.PRNGKey(0))
+    params = agent.init(jax.random.PRNGKey(1)).params
+    server.publish(params, 0)
+    n = 3
+    entry, _ = server.connect("a", "run", n)
+    rng = np.random.default_rng(0)
+    sent_obs, answered, unrolls = [], [], None
+    for t in range(config.unroll_length + 1):
+        obs = rng.normal(size=(n, *spec.obs_shape)).astype(np.float32)
+        steps = codec.Steps(np.arange(n, dtype=np.int32), np.full(n, 0.5, np.float32), np.zeros(n, bool),
+                            np.zeros(n, bool), obs)
+        actions, _, finished = serve(server, entry, steps)
+        sent_obs.append(obs)
+        answered.append(np.asarray(actions))
+        unrolls = finished or unrolls
+    assert unrolls is not None and unrolls["obs"].shape[:2] == (n, config.unroll_length + 1)
+    np.testing.assert_array_equal(unrolls["obs"], np.stack(sent_obs, axis=1))
+    np.testing.assert_array_equal(unrolls["action"], np.stack(answered, axis=1))
+    _, metrics = jax.jit(agent.loss)(params, unrolls)
+    np.testing.assert_allclose(float(metrics["rho/mean"]), 1.0, atol=1e-4)
+    assert float(metrics["policy/clip_fraction"]) == 0.0
+
+
+@pytest.mark.unit
 def test_running_observation_statistics_match_numpy_over_batches():
     from seedq.agents import normalization
 
