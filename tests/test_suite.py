@@ -3,7 +3,6 @@
 import csv
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -121,17 +120,11 @@ def test_suite_refuses_a_single_env_flag(tmp_path):
 
 
 def _processes_mentioning(text: str) -> list[int]:
-    """pids whose command line contains `text` (Linux /proc)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        pids.append(int(name))
-            except OSError:
-                pass  # exited meanwhile
-    return pids
+    """pids whose command line contains `text`."""
+    import psutil
+
+    return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if any(text in arg for arg in p.info["cmdline"] or ())]
 
 
 @pytest.mark.e2e
