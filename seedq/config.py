@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 import typing
@@ -257,6 +258,12 @@ class VTraceConfig:
     lstm_size: int = 256
     # Continuous actions: initial log standard deviation of the Gaussian policy.
     initial_log_std: float = -0.5
+    # Continuous actions: a floor under the Gaussian's std, in action units as
+    # initial_log_std. The std is min_std + exp(log_std parameter), so it falls
+    # ever more slowly towards the floor instead of collapsing before the
+    # policy has found what to do (docs/learning.md, stop 29). 0: no floor
+    # (the std is exp(parameter)).
+    min_std: float = 0.0
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
     shared_torso: bool = True
@@ -532,6 +539,11 @@ class TrainConfig:
         if self.vtrace.layer_norm not in LAYER_NORM_MODES:
             raise ValueError(
                 f"vtrace.layer_norm={self.vtrace.layer_norm!r}: choose one of {', '.join(LAYER_NORM_MODES)}"
+            )
+        if not 0.0 <= self.vtrace.min_std < math.exp(self.vtrace.initial_log_std):
+            raise ValueError(
+                f"vtrace.min_std={self.vtrace.min_std}: needs 0 <= min_std < exp(vtrace.initial_log_std) "
+                f"= {math.exp(self.vtrace.initial_log_std):.3g}, the std the policy starts at"
             )
         if self.quant.force_int8 and self.precision != "int8":
             raise ValueError(

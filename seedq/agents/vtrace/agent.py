@@ -93,6 +93,7 @@ class VTraceAgent:
             use_lstm=config.use_lstm,
             lstm_size=config.lstm_size,
             initial_log_std=config.initial_log_std,
+            min_std=config.min_std,
             shared_torso=config.shared_torso,
             layer_norm=config.layer_norm,
             action_low=tuple(spec.action_low),

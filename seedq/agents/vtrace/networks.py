@@ -39,6 +39,12 @@ from seedq.agents.vtrace import losses
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
+def std_parameter(initial_log_std: float, min_std: float) -> float:
+    """The log-std parameter's initial value for a policy that starts at std
+    exp(initial_log_std) above a floor of min_std (std = min_std + exp(parameter))."""
+    return float(np.log(np.exp(initial_log_std) - min_std))
+
+
 class PolicyValueNetwork(nn.Module):
     """(obs [T, B, *obs], first [T, B], carry | None) -> (dist params {k: [T, B, ...]}, value [T, B], carry)."""
 
@@ -49,6 +55,8 @@ class PolicyValueNetwork(nn.Module):
     use_lstm: bool = False
     lstm_size: int = 256
     initial_log_std: float = -0.5
+    # Box actions: std = min_std + exp(log_std parameter) (VTraceConfig.min_std).
+    min_std: float = 0.0
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
@@ -82,9 +90,12 @@ class PolicyValueNetwork(nn.Module):
         if not self.continuous:
             return {"logits": policy}, value, carry
         log_std = self.param(
-            "log_std", nn.initializers.constant(self.initial_log_std), (self.num_outputs,)
+            "log_std", nn.initializers.constant(std_parameter(self.initial_log_std, self.min_std)),
+            (self.num_outputs,),
         )
         log_std = jnp.clip(log_std.astype(policy.dtype), LOG_STD_MIN, LOG_STD_MAX)
+        if self.min_std:
+            log_std = jnp.log(self.min_std + jnp.exp(log_std))
         if self.action_low:
             low, high = np.asarray(self.action_low), np.asarray(self.action_high)
             bounded = np.isfinite(low) & np.isfinite(high)
