@@ -291,6 +291,8 @@ def run_cli(args, capsys):
         (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),
         (["train", "--agent", "a3c"], 2, "choose one of vtrace"),
         (["train", "--vtrace.layer-norm", "yes"], 2, "vtrace.layer_norm='yes': choose one of none, first_layer"),
+        (["train", "--env", "Pendulum-v1", "--vtrace.min-std", "0.7"], 2,
+         "vtrace.min_std=0.7: needs 0 <= min_std < exp(vtrace.initial_log_std) = 0.607"),
         (["eval", "somewhere", "--precision", "fp64"], 2, "invalid choice: 'fp64' (choose from 'fp32'"),
         (["train", "--resume", "{missing}"], 1, "no such run directory"),
         (["learner", "--resume", "{missing}"], 1, "no such run directory"),

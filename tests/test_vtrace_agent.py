@@ -224,6 +224,33 @@ def test_gaussian_policy_samples_its_distribution_and_starts_at_initial_log_std(
 
 
 @pytest.mark.unit
+def test_min_std_floors_the_policy_std_and_keeps_its_start():
+    """std = min_std + exp(parameter): the policy starts at exp(initial_log_std),
+    no parameter takes it under the floor, and the gradient reaches the parameter."""
+    config = VTraceConfig(initial_log_std=-0.5, min_std=0.35)
+    agent = VTraceAgent(SWINGUP, config)
+    state = agent.init(jax.random.PRNGKey(0))
+    obs, first = np.zeros((8, 5), np.float32), np.ones(8, bool)
+    act = jax.jit(agent.act)
+    _, dist, _, _ = act(state.params, jax.random.PRNGKey(1), obs, first, {}, {})
+    np.testing.assert_allclose(np.asarray(dist["log_std"]), -0.5, rtol=1e-6)
+
+    def with_log_std(params, value):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: jnp.full_like(x, value) if "log_std" in jax.tree_util.keystr(path) else x, params)
+
+    for parameter in (-3.0, -100.0):  # the latter is clipped to LOG_STD_MIN first
+        _, dist, _, _ = act(with_log_std(state.params, parameter), jax.random.PRNGKey(1), obs, first, {}, {})
+        std = np.exp(np.asarray(dist["log_std"]))
+        np.testing.assert_allclose(std, 0.35 + np.exp(max(parameter, -5.0)), rtol=1e-5)
+    batch = _record(agent, state.params, steps=11, n=4)
+    grads = jax.grad(lambda p: agent.loss(p, batch)[0])(state.params)
+    log_std_grads = [g for path, g in jax.tree_util.tree_leaves_with_path(grads)
+                     if "log_std" in jax.tree_util.keystr(path)]
+    assert log_std_grads and np.all(np.abs(np.asarray(log_std_grads[0])) > 0)
+
+
+@pytest.mark.unit
 def test_box_health_reports_the_policy_std():
     """policy/std (geometric mean over dimensions) and policy/std_min follow the
     log-std parameter; Discrete policies have neither."""
