@@ -242,6 +242,11 @@ class VTraceConfig:
     # learner 4x the compute per frame. Without ppo_clip, reuse 2 collapsed a
     # CartPole seed.
     reuse: int = 4
+    # > 1: reuse as PPO's epochs: take this many batches' worth of unrolls at
+    # once and make the `reuse` passes over them in shuffled batches of
+    # batch_size unrolls, instead of `reuse` steps in a row on one batch. Same
+    # updates per frame; the policy lags by up to pool x reuse updates. 1: off.
+    reuse_pool: int = 1
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
     # as in Sample Factory), instead of V-trace's policy gradient; it bounds
@@ -582,6 +587,14 @@ class TrainConfig:
         _check_decay_frames("vtrace", self.vtrace.learning_rate_decay_frames)
         if self.vtrace.reuse < 1:
             raise ValueError(f"vtrace.reuse={self.vtrace.reuse}: must be >= 1")
+        if self.vtrace.reuse_pool < 1:
+            raise ValueError(f"vtrace.reuse_pool={self.vtrace.reuse_pool}: must be >= 1 (1: off)")
+        if self.server.queue_capacity_unrolls < self.vtrace.batch_size * self.vtrace.reuse_pool:
+            raise ValueError(
+                f"vtrace.reuse_pool={self.vtrace.reuse_pool}: needs server.queue_capacity_unrolls="
+                f"{self.server.queue_capacity_unrolls} >= batch_size x reuse_pool = "
+                f"{self.vtrace.batch_size * self.vtrace.reuse_pool}"
+            )
         if not 0.0 <= self.vtrace.ppo_clip < 1.0:
             raise ValueError(f"vtrace.ppo_clip={self.vtrace.ppo_clip}: must be in [0, 1) (0: off)")
         if not 0.0 <= self.vtrace.discount <= 1.0:

@@ -523,6 +523,31 @@ def test_reuse_hands_each_batch_out_that_many_times_in_arrival_order():
 
 
 @pytest.mark.unit
+def test_reuse_pool_makes_shuffled_epochs_over_the_pooled_sequences():
+    import threading
+
+    from seedq.agents.base import FifoBatches
+    from seedq.server.unrolls import UnrollQueue
+
+    queue = UnrollQueue(capacity=32)
+    queue.put({"x": np.arange(12), "y": np.arange(12) * 10})
+    batches = FifoBatches(queue, batch_size=2, reuse=3, pool=3)
+    stop = threading.Event()
+    got = [batches.next_batch(stop) for _ in range(9)]  # 3 epochs x 3 batches of the first 6
+    for b in got:
+        assert b["x"].shape == (2,)
+        np.testing.assert_array_equal(b["y"], b["x"] * 10)  # fields stay aligned
+    epochs = [sorted(np.concatenate([b["x"] for b in got[3 * e:3 * e + 3]]).tolist()) for e in range(3)]
+    assert epochs == [list(range(6))] * 3  # each pass uses every pooled sequence once
+    orders = [np.concatenate([b["x"] for b in got[3 * e:3 * e + 3]]).tolist() for e in range(3)]
+    assert len({tuple(o) for o in orders}) > 1  # and in a new order
+    nxt = batches.next_batch(stop)["x"].tolist()
+    assert set(nxt) <= set(range(6, 12))  # then the next pool, not a 4th pass
+    with pytest.raises(ValueError, match="pool"):
+        FifoBatches(queue, batch_size=2, reuse=1, pool=0)
+
+
+@pytest.mark.unit
 def test_standardize_matches_numpy_over_the_valid_steps():
     rng = np.random.default_rng(0)
     x = rng.normal(3.0, 5.0, (7, 5)).astype(np.float32)

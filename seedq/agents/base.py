@@ -81,28 +81,48 @@ class Agent(Protocol):
 
 class FifoBatches:
     """On-policy batch source: sequences are trained on in arrival order, each
-    batch `reuse` times in a row (1: once)."""
+    batch `reuse` times (1: once).
 
-    def __init__(self, queue, batch_size: int, reuse: int = 1):
+    `pool` > 1 trains as PPO's epochs do: it takes `pool` batches' worth of
+    sequences at once, then makes `reuse` passes over them, each pass in
+    `pool` batches of `batch_size` sequences drawn in a new random order, so a
+    sequence's repeated uses are spread over other data instead of coming in a
+    row. The updates per frame are the same as with `pool` 1.
+    """
+
+    def __init__(self, queue, batch_size: int, reuse: int = 1, pool: int = 1, seed: int = 0):
         if reuse < 1:
             raise ValueError(f"reuse must be >= 1, got {reuse}")
+        if pool < 1:
+            raise ValueError(f"pool must be >= 1, got {pool}")
         self.queue = queue
         self.batch_size = batch_size
         self.reuse = reuse
-        self._last = None
-        self._uses_left = 0
+        self.pool = pool
+        self._rng = np.random.default_rng(seed)
+        self._pending: list = []  # batches still to train on, next last
 
     def next_batch(self, stop):
-        if self._uses_left:
-            self._uses_left -= 1
-            return self._last
+        if self._pending:
+            return self._pending.pop()
         while not stop.is_set():
-            batch = self.queue.get(self.batch_size, timeout=0.2)
-            if batch is not None:
-                if self.reuse > 1:
-                    self._last, self._uses_left = batch, self.reuse - 1
-                return batch
+            sequences = self.queue.get(self.batch_size * self.pool, timeout=0.2)
+            if sequences is not None:
+                self._pending = self._schedule(sequences)
+                return self._pending.pop()
         return None
+
+    def _schedule(self, sequences: dict) -> list:
+        """The batches to train on from `sequences` ([pool * batch_size, ...]
+        per field), in reverse order of use."""
+        if self.pool == 1:
+            return [sequences] * self.reuse
+        batches = []
+        for _ in range(self.reuse):
+            order = self._rng.permutation(self.batch_size * self.pool)
+            for part in np.split(order, self.pool):
+                batches.append({name: array[part] for name, array in sequences.items()})
+        return batches[::-1]
 
     def after_update(self, batch, metrics) -> None:
         pass

@@ -147,7 +147,7 @@ class VTraceAgent:
         return {}
 
     def make_batch_source(self, queue, batch_size: int | None = None) -> FifoBatches:
-        return FifoBatches(queue, batch_size or self.config.batch_size, self.config.reuse)
+        return FifoBatches(queue, batch_size or self.config.batch_size, self.config.reuse, self.config.reuse_pool)
 
     def init(self, rng: jax.Array) -> LearnerState:
         params = self.network.init(rng, *self._example_inputs())
