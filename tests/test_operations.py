@@ -293,6 +293,8 @@ def run_cli(args, capsys):
         (["train", "--vtrace.layer-norm", "yes"], 2, "vtrace.layer_norm='yes': choose one of none, first_layer"),
         (["train", "--env", "Pendulum-v1", "--vtrace.min-std", "0.7"], 2,
          "vtrace.min_std=0.7: needs 0 <= min_std < exp(vtrace.initial_log_std) = 0.607"),
+        (["train", "--vtrace.reuse-pool", "32"], 2,
+         "vtrace.reuse_pool=32: needs server.queue_capacity_unrolls=256 >= batch_size x reuse_pool = 512"),
         (["eval", "somewhere", "--precision", "fp64"], 2, "invalid choice: 'fp64' (choose from 'fp32'"),
         (["train", "--resume", "{missing}"], 1, "no such run directory"),
         (["learner", "--resume", "{missing}"], 1, "no such run directory"),
