@@ -394,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--out", required=True, help="output directory")
     suite.add_argument("--frames-scale", type=float, default=1.0,
                        help="multiplies every env's frame budget (--max-frames replaces them)")
+    suite.add_argument("--jobs", type=int, default=1,
+                       help="runs trained at once, each a fresh process with its own actors (default 1: one "
+                            "after another; on a machine with spare cores, several)")
     suite.add_argument("--random-episodes", type=int, default=100,
                        help="episodes of the random policy measured per env")
     inf = bench_sub.add_parser(
@@ -665,7 +668,7 @@ def _bench_suite(args: argparse.Namespace) -> int:
         result = suite.run(
             base_for, list(envs), args.seeds, args.out,
             max_frames=args.max_frames or 0, frames_scale=args.frames_scale,
-            random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
+            random_episodes=args.random_episodes, jobs=args.jobs, log=lambda line: print(line, flush=True),
         )
     except compare.Stopped as e:
         print(f"seedq bench suite: {e}; the same command resumes the suite from it", file=sys.stderr)

@@ -67,15 +67,21 @@ def test_budget_comes_from_the_table_scaled_or_overridden():
 
 @pytest.mark.e2e
 def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_path):
-    """Two fresh `seedq train` processes (CartPole, 2000 frames each): the suite's
-    files, then a rerun that trains nothing."""
+    """Two fresh `seedq train` processes at once (CartPole, 2000 frames each,
+    --jobs 2): the suite's files, then a rerun that trains nothing."""
     out = tmp_path / "suite"
     cmd = [sys.executable, "-m", "seedq.cli", "bench", "suite", "--envs", "CartPole-v1", "--seeds", "2",
            "--max-frames", "2000", "--num-actors", "1", "--envs-per-actor", "4", "--eval-episodes", "2",
-           "--random-episodes", "5", "--out", str(out)]
+           "--random-episodes", "5", "--jobs", "2", "--out", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
     assert "[1/2] CartPole-v1 seed 0: training 2,000 frames" in result.stdout
+    # Both started before either finished: the second did not wait for the first.
+    second_started = next(i for i, line in enumerate(lines) if line.startswith("[2/2] CartPole-v1 seed 1: training"))
+    first_done = next(i for i, line in enumerate(lines) if line.startswith("[1/2] CartPole-v1 seed 0: final"))
+    assert second_started < first_done
+    assert (out / "runs" / "CartPole-v1-seed1.log").exists()  # each run's own output
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [r["seed"] for r in rows] == ["0", "1"] and all(int(r["frames"]) >= 2000 for r in rows)
     assert float(rows[0]["reference"]) == 490.0 and rows[0]["random_return"]
@@ -156,3 +162,43 @@ def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_pa
     saved = json.loads((run_dir / "config.json").read_text())
     assert suite.resumable(from_dict(TrainConfig, saved))
     assert not suite.finished(from_dict(TrainConfig, saved))
+
+
+def _job(tmp_path, name: str, code: str):
+    from seedq.bench import compare
+
+    return compare.Job([sys.executable, "-c", code], str(tmp_path / f"{name}.log"), name, payload=name)
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(60)
+def test_run_jobs_runs_them_side_by_side_and_a_failure_stops_the_rest(tmp_path):
+    """Two jobs at once: the first to fail gets named with its output, the
+    other is passed SIGTERM (and, like a training run, ends cleanly), the
+    third never starts."""
+    from seedq.bench import compare
+
+    both_up = tmp_path / "b.up"
+    stopper = (
+        "import signal, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(r'%s').write_text('term'), sys.exit(0)))\n"
+        "pathlib.Path(r'%s').write_text('up')\n"
+        "time.sleep(50)\n" % (tmp_path / "b.term", both_up)
+    )
+    failing = ("import pathlib, sys, time\n"
+               "while not pathlib.Path(r'%s').exists(): time.sleep(0.05)\n"  # b is running beside it
+               "print('bad input here'); sys.exit(3)\n" % both_up)
+    jobs = [_job(tmp_path, "a", failing), _job(tmp_path, "b", stopper), _job(tmp_path, "c", "pass")]
+    started, finished = [], []
+    with pytest.raises(RuntimeError, match=r"a failed \(exit 3\): bad input here"):
+        compare.run_jobs(jobs, 2, on_start=lambda j: started.append(j.payload),
+                         on_finish=lambda j: finished.append(j.payload), poll_seconds=0.05)
+    assert started == ["a", "b"]  # c was never started
+    assert (tmp_path / "b.term").read_text() == "term"
+    assert finished == ["b"]  # it exited 0 after the stop; the caller checks whether it was done
+
+
+@pytest.mark.unit
+def test_suite_refuses_jobs_below_one(tmp_path):
+    with pytest.raises(ValueError, match="--jobs 0"):
+        suite.run(lambda env: TrainConfig(), ["CartPole-v1"], 1, str(tmp_path), jobs=0)

@@ -200,15 +200,100 @@ def _run_passing_on_stops(cmd: list[str], timeout: float | None, what: str) -> t
     return proc.returncode, stdout, stderr
 
 
+@dataclasses.dataclass
+class Job:
+    """One command for `run_jobs`: its output goes to `log_path`."""
+
+    cmd: list[str]
+    log_path: str
+    what: str  # names the job in errors
+    payload: object = None  # the caller's, handed back to on_start / on_finish
+
+
+def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_seconds: float = 0.2) -> None:
+    """Runs `jobs` as child processes, at most `max_running` at once, in order.
+
+    Each child runs in a process group of its own with its output in its
+    `log_path`. The first SIGTERM or SIGINT this process gets is passed on once
+    to every running child, no job starts after it, and Stopped is raised when
+    they have all exited. A job that fails (exit status not 0) stops the rest
+    the same way, with SIGTERM (a stopped training run saves a checkpoint, so a
+    rerun continues it), and RuntimeError names it with the end of its output.
+    `on_start(job)` and `on_finish(job)` (exit 0) are called in this thread.
+    (A process pool of the standard library would run Python callables, not
+    commands with their own process groups and this stop protocol.)
+    """
+    running: dict[subprocess.Popen, tuple[Job, object]] = {}
+    signalled: set[subprocess.Popen] = set()
+    received: list[int] = []
+    failed: list[tuple[Job, int]] = []
+
+    def stop_all(signum: int) -> None:
+        for proc in list(running):
+            if proc not in signalled and proc.poll() is None:
+                signalled.add(proc)
+                proc.send_signal(signum)
+
+    def pass_on(signum, frame):
+        if not received:
+            received.append(signum)
+            stop_all(signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
+    pending = list(jobs)
+    try:
+        while running or (pending and not received and not failed):
+            while pending and len(running) < max_running and not received and not failed:
+                job = pending.pop(0)
+                on_start(job)
+                os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
+                log_file = open(job.log_path, "w")
+                proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
+                running[proc] = (job, log_file)
+                if received:  # the stop came while it started
+                    stop_all(received[0])
+            time.sleep(poll_seconds)
+            for proc in [p for p in running if p.poll() is not None]:
+                job, log_file = running.pop(proc)
+                log_file.close()
+                if proc.returncode == 0:
+                    on_finish(job)
+                elif not received and proc not in signalled:
+                    failed.append((job, proc.returncode))
+                    stop_all(signal.SIGTERM)
+    except BaseException:
+        stop_all(signal.SIGTERM)  # no child is left training on its own
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        name = signal.Signals(received[0]).name
+        raise Stopped(f"stopped by {name}; every running job was passed it, saved a checkpoint and exited",
+                      received[0])
+    if failed:
+        job, code = failed[0]
+        with open(job.log_path) as f:
+            tail = f.read()[-2000:].strip()
+        raise RuntimeError(f"{job.what} failed (exit {code}): {tail}")
+
+
+def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The `seedq train` command line of `config` (only the flags that differ
+    from the env's defaults, then `extra_args`, e.g. --resume)."""
+    from seedq.flags import config_flags
+
+    config.validate()
+    return [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, "--quiet"]
+
+
 def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str,
                            extra_args: tuple[str, ...] = ()) -> FinishedRun:
     """Runs `config` as a fresh `seedq train` process (only the flags that differ
     from the env's defaults, then `extra_args`, e.g. --resume); raises
     RuntimeError naming `what` if it fails."""
-    from seedq.flags import config_flags
-
-    config.validate()
-    cmd = [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, "--quiet"]
+    cmd = train_command(config, extra_args)
     load_avg = os.getloadavg()[0]
     before = os.times()
     started = time.monotonic()

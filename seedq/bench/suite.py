@@ -18,7 +18,8 @@ training flags passed through to every run (`--precision int8`,
 * `summary.md`: per env, medians over seeds beside the reference and its source;
 * `<env>.png`: the curves of every seed with the reference and random lines.
 
-A rerun skips the runs that finished (their summary.json says max_frames),
+With `jobs` > 1 that many runs train at once (each still a fresh process;
+their output is in `runs/<env>-seed<k>.log`). A rerun skips the runs that finished (their summary.json says max_frames),
 continues an unfinished one from its last checkpoint when it ran with the
 same config (`seedq train --resume`), and starts the others afresh.
 """
@@ -140,12 +141,15 @@ def result_row(config: TrainConfig, summary: dict, curve: list[dict], random: fl
 
 
 def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out: str, *,
-        max_frames: int = 0, frames_scale: float = 1.0, random_episodes: int = 100, log=print) -> dict:
-    """Trains every env x seed (seeds base.seed, base.seed + 1, ...) not yet finished, then
-    writes results.csv, curves.csv, summary.md and the plots. `base_for(env)` is the
-    env's default config with the passed-through flags applied."""
+        max_frames: int = 0, frames_scale: float = 1.0, random_episodes: int = 100, jobs: int = 1,
+        log=print) -> dict:
+    """Trains every env x seed (seeds base.seed, base.seed + 1, ...) not yet finished, `jobs`
+    runs at a time, then writes results.csv, curves.csv, summary.md and the plots.
+    `base_for(env)` is the env's default config with the passed-through flags applied."""
     if seeds <= 0:
         raise ValueError(f"--seeds {seeds}: must be > 0")
+    if jobs <= 0:
+        raise ValueError(f"--jobs {jobs}: must be > 0")
     os.makedirs(out, exist_ok=True)
     plan = [
         run_config(base_for(env_id), env_id, base_for(env_id).seed + i,
@@ -154,6 +158,7 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
     ]
     randoms = random_returns(envs, out, random_episodes, lambda e: base_for(e).env_options, log)
     suite_started = time.monotonic()
+    todo = []
     for n, config in enumerate(plan, 1):
         what = f"[{n}/{len(plan)}] {config.env} seed {config.seed}"
         if finished(config):
@@ -165,12 +170,28 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
             log(f"{what}: continuing an unfinished earlier attempt from its checkpoint")
         else:
             shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
-        log(f"{what}: training {config.max_frames:,} frames ({time.monotonic() - suite_started:.0f}s into the suite)")
-        done = compare.train_in_fresh_process(config, timeout=None, what=what, extra_args=extra_args)
-        row = result_row(config, done.summary, done.curve, randoms[config.env])
-        log(f"{what}: final {_fmt(row['final_return'], '.1f')}, best {_fmt(row['best_return'], '.1f')}, "
+        # The run's own output (seedq train --quiet: warnings, errors, its last lines) beside its directory.
+        todo.append(compare.Job(compare.train_command(config, extra_args), config.logdir + ".log", what,
+                                payload=(config, time.monotonic())))
+
+    def started(job: compare.Job) -> None:
+        config, _ = job.payload
+        job.payload = (config, time.monotonic())
+        log(f"{job.what}: training {config.max_frames:,} frames "
+            f"({time.monotonic() - suite_started:.0f}s into the suite)")
+
+    def ended(job: compare.Job) -> None:
+        config, start = job.payload
+        if not finished(config):  # stopped with the others (a failed run or a signal): resumable
+            log(f"{job.what}: stopped before its budget; a rerun continues it")
+            return
+        summary = read_json(os.path.join(config.logdir, "summary.json"))
+        row = result_row(config, summary, compare.read_curve(config.logdir), randoms[config.env])
+        log(f"{job.what}: final {_fmt(row['final_return'], '.1f')}, best {_fmt(row['best_return'], '.1f')}, "
             f"eval {_fmt(row['eval_return'], '.1f')}, normalised best {_fmt(row['best_normalised'], '.2f')} "
-            f"({done.command_seconds:.0f}s)")
+            f"({time.monotonic() - start:.0f}s)")
+
+    compare.run_jobs(todo, jobs, on_start=started, on_finish=ended)
     return report(plan, randoms, out)
 
 
