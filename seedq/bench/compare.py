@@ -270,8 +270,7 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
             signal.signal(sig, handler)
     if received:
         name = signal.Signals(received[0]).name
-        raise Stopped(f"stopped by {name}; every running job was passed it, saved a checkpoint and exited",
-                      received[0])
+        raise Stopped(f"stopped by {name}, passed on to every running job, which exited", received[0])
     if failed:
         job, code = failed[0]
         with open(job.log_path) as f:

@@ -19,9 +19,10 @@ training flags passed through to every run (`--precision int8`,
 * `<env>.png`: the curves of every seed with the reference and random lines.
 
 With `jobs` > 1 that many runs train at once (each still a fresh process;
-their output is in `runs/<env>-seed<k>.log`). A rerun skips the runs that finished (their summary.json says max_frames),
-continues an unfinished one from its last checkpoint when it ran with the
-same config (`seedq train --resume`), and starts the others afresh.
+their output is in `runs/<env>-seed<k>.log`). A rerun skips the runs that
+finished (their summary.json says max_frames), continues an unfinished one
+from its last checkpoint when it ran with the same config (`seedq train
+--resume`), and starts the others afresh.
 """
 
 from __future__ import annotations
@@ -172,16 +173,16 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
             shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
         # The run's own output (seedq train --quiet: warnings, errors, its last lines) beside its directory.
         todo.append(compare.Job(compare.train_command(config, extra_args), config.logdir + ".log", what,
-                                payload=(config, time.monotonic())))
+                                payload=config))
+    started_at: dict[str, float] = {}
 
     def started(job: compare.Job) -> None:
-        config, _ = job.payload
-        job.payload = (config, time.monotonic())
-        log(f"{job.what}: training {config.max_frames:,} frames "
+        started_at[job.what] = time.monotonic()
+        log(f"{job.what}: training {job.payload.max_frames:,} frames "
             f"({time.monotonic() - suite_started:.0f}s into the suite)")
 
     def ended(job: compare.Job) -> None:
-        config, start = job.payload
+        config = job.payload
         if not finished(config):  # stopped with the others (a failed run or a signal): resumable
             log(f"{job.what}: stopped before its budget; a rerun continues it")
             return
@@ -189,7 +190,7 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         row = result_row(config, summary, compare.read_curve(config.logdir), randoms[config.env])
         log(f"{job.what}: final {_fmt(row['final_return'], '.1f')}, best {_fmt(row['best_return'], '.1f')}, "
             f"eval {_fmt(row['eval_return'], '.1f')}, normalised best {_fmt(row['best_normalised'], '.2f')} "
-            f"({time.monotonic() - start:.0f}s)")
+            f"({time.monotonic() - started_at[job.what]:.0f}s)")
 
     compare.run_jobs(todo, jobs, on_start=started, on_finish=ended)
     return report(plan, randoms, out)
