@@ -245,7 +245,9 @@ class VTraceConfig:
     # > 1: reuse as PPO's epochs: take this many batches' worth of unrolls at
     # once and make the `reuse` passes over them in shuffled batches of
     # batch_size unrolls, instead of `reuse` steps in a row on one batch. Same
-    # updates per frame; the policy lags by up to pool x reuse updates. 1: off.
+    # updates per frame; the policy lags by up to pool x reuse updates. 1: off,
+    # still the default: 4 with reuse 8 passed Pendulum and swingup 3/3 and
+    # walker-walk 2/3 in one sitting, pending a second (docs/learning.md, stop 30).
     reuse_pool: int = 1
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
