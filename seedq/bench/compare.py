@@ -21,6 +21,7 @@ intensity; both assumptions are flags and are written into every row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import glob
@@ -165,34 +166,48 @@ class Stopped(Exception):
         self.signum = signum
 
 
+@contextlib.contextmanager
+def _first_stop_passed_on(pass_on):
+    """While inside, the first SIGTERM or SIGINT this process gets calls
+    `pass_on(signum)` (once; later ones are ignored, so a terminal's Ctrl-C
+    reaching the children too is not doubled). Yields the list the signal
+    number is appended to. Handlers can only be set in the main thread;
+    elsewhere the signals keep their handlers."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if not received:
+            received.append(signum)
+            pass_on(signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _run_passing_on_stops(cmd: list[str], timeout: float | None, what: str) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `cmd`. The child runs in a process
     group of its own, and the first SIGTERM or SIGINT this process gets is
     passed on to it once, then Stopped is raised when it has exited.
     (subprocess.run would SIGKILL it on Ctrl-C, losing the steps since its last
-    checkpoint, and leave it running on SIGTERM; a terminal's Ctrl-C reaching
-    both processes would send the run a second stop during its final save.)"""
+    checkpoint, and leave it running on SIGTERM.)"""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
-    received: list[int] = []
 
-    def pass_on(signum, frame):
-        if not received:
-            received.append(signum)
-            if proc.poll() is None:
-                proc.send_signal(signum)
+    def pass_on(signum: int) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
-    try:
+    with _first_stop_passed_on(pass_on) as received:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
             raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if received:
         name = signal.Signals(received[0]).name
         raise Stopped(f"{what}: stopped by {name}; the run saved a checkpoint and exited ({proc.returncode})",
@@ -225,7 +240,6 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     """
     running: dict[subprocess.Popen, tuple[Job, object]] = {}
     signalled: set[subprocess.Popen] = set()
-    received: list[int] = []
     failed: list[tuple[Job, int]] = []
 
     def stop_all(signum: int) -> None:
@@ -234,40 +248,31 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
                 signalled.add(proc)
                 proc.send_signal(signum)
 
-    def pass_on(signum, frame):
-        if not received:
-            received.append(signum)
-            stop_all(signum)
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
     pending = list(jobs)
-    try:
-        while running or (pending and not received and not failed):
-            while pending and len(running) < max_running and not received and not failed:
-                job = pending.pop(0)
-                on_start(job)
-                os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
-                log_file = open(job.log_path, "w")
-                proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
-                running[proc] = (job, log_file)
-                if received:  # the stop came while it started
-                    stop_all(received[0])
-            time.sleep(poll_seconds)
-            for proc in [p for p in running if p.poll() is not None]:
-                job, log_file = running.pop(proc)
-                log_file.close()
-                if proc.returncode == 0:
-                    on_finish(job)
-                elif not received and proc not in signalled:
-                    failed.append((job, proc.returncode))
-                    stop_all(signal.SIGTERM)
-    except BaseException:
-        stop_all(signal.SIGTERM)  # no child is left training on its own
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with _first_stop_passed_on(stop_all) as received:
+        try:
+            while running or (pending and not received and not failed):
+                while pending and len(running) < max_running and not received and not failed:
+                    job = pending.pop(0)
+                    on_start(job)
+                    os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
+                    log_file = open(job.log_path, "w")
+                    proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
+                    running[proc] = (job, log_file)
+                    if received:  # the stop came while it started
+                        stop_all(received[0])
+                time.sleep(poll_seconds)
+                for proc in [p for p in running if p.poll() is not None]:
+                    job, log_file = running.pop(proc)
+                    log_file.close()
+                    if proc.returncode == 0:
+                        on_finish(job)
+                    elif not received and proc not in signalled:
+                        failed.append((job, proc.returncode))
+                        stop_all(signal.SIGTERM)
+        except BaseException:
+            stop_all(signal.SIGTERM)  # no child is left training on its own
+            raise
     if received:
         name = signal.Signals(received[0]).name
         raise Stopped(f"stopped by {name}, passed on to every running job, which exited", received[0])
