@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 
 import numpy as np
 
@@ -238,7 +239,7 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     (A process pool of the standard library would run Python callables, not
     commands with their own process groups and this stop protocol.)
     """
-    running: dict[subprocess.Popen, tuple[Job, object]] = {}
+    running: dict[subprocess.Popen, tuple[Job, typing.IO]] = {}  # child -> (its job, its open log file)
     signalled: set[subprocess.Popen] = set()
     failed: list[tuple[Job, int]] = []
 
