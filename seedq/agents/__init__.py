@@ -13,7 +13,7 @@ def make_agent(config, spec):
     if config.agent == "vtrace":
         from seedq.agents.vtrace.agent import VTraceAgent
 
-        return VTraceAgent(spec, agent_config_for_run(config), frame_stack=config.frame_stack)
+        return VTraceAgent(spec, agent_config_for_run(config), frame_stack=config.frame_stack, seed=config.seed)
     if config.agent == "r2d2":
         from seedq.agents.r2d2.agent import R2D2Agent
 

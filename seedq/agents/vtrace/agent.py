@@ -64,7 +64,7 @@ class VTraceAgent:
     `use_lstm`; empty for an MLP on vectors.
     """
 
-    def __init__(self, spec: EnvSpec, config: VTraceConfig, frame_stack: int = 4):
+    def __init__(self, spec: EnvSpec, config: VTraceConfig, frame_stack: int = 4, seed: int = 0):
         if spec.discrete:
             self.policy = Categorical(spec.num_actions)
         elif len(spec.action_shape) == 1:
@@ -76,6 +76,7 @@ class VTraceAgent:
             )
         self.spec = spec
         self.config = config
+        self.seed = seed  # the run's: it orders reuse_pool's shuffled passes
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network_name = choose_network(config.network, self.obs_shape)
@@ -147,7 +148,9 @@ class VTraceAgent:
         return {}
 
     def make_batch_source(self, queue, batch_size: int | None = None) -> FifoBatches:
-        return FifoBatches(queue, batch_size or self.config.batch_size, self.config.reuse, self.config.reuse_pool)
+        return FifoBatches(
+            queue, batch_size or self.config.batch_size, self.config.reuse, self.config.reuse_pool, seed=self.seed
+        )
 
     def init(self, rng: jax.Array) -> LearnerState:
         params = self.network.init(rng, *self._example_inputs())
