@@ -246,8 +246,9 @@ class VTraceConfig:
     # once and make the `reuse` passes over them in shuffled batches of
     # batch_size unrolls, instead of `reuse` steps in a row on one batch. Same
     # updates per frame; the policy lags by up to pool x reuse updates. 1: off,
-    # still the default: 4 with reuse 8 passed Pendulum and swingup 3/3 and
-    # walker-walk 2/3 in one sitting, pending a second (docs/learning.md, stop 30).
+    # the default: 4 with reuse 8 passed swingup in 5 of 6 seeds over two
+    # sittings but walker-walk in 3 of 6, where the Box defaults passed 4 of 6
+    # (docs/learning.md, stops 30-31). The run's seed orders the passes.
     reuse_pool: int = 1
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
