@@ -382,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         "no time limit; every other config flag given here (e.g. --precision int8, --architecture "
         "impala) passes through to every run. Measures the random policy's return per env and writes "
         "OUT/results.csv, OUT/curves.csv, OUT/summary.md (against the references, normalised "
-        "(return - random) / (reference - random)) and one PNG per env. A rerun skips finished runs "
-        "and continues unfinished ones from their checkpoint (same config only).",
+        "(return - random) / (reference - random)) and one PNG per env, updated as each run finishes. "
+        "A rerun skips finished runs and continues unfinished ones from their checkpoint (same config only).",
         formatter_class=_HelpFormatter,
     )
     add_config_flags(suite)
@@ -671,7 +671,8 @@ def _bench_suite(args: argparse.Namespace) -> int:
             random_episodes=args.random_episodes, jobs=args.jobs, log=lambda line: print(line, flush=True),
         )
     except compare.Stopped as e:
-        print(f"seedq bench suite: {e}; the same command resumes the suite from it", file=sys.stderr)
+        print(f"seedq bench suite: {e}; the runs finished before it are in {args.out}/results.csv "
+              "and the same command resumes the suite", file=sys.stderr)
         return 128 + e.signum
     except (ValueError, RuntimeError, OSError) as e:
         print(f"seedq bench suite: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -162,6 +163,34 @@ def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_pa
     saved = json.loads((run_dir / "config.json").read_text())
     assert suite.resumable(from_dict(TrainConfig, saved))
     assert not suite.finished(from_dict(TrainConfig, saved))
+
+
+@pytest.mark.unit
+def test_a_suite_stopped_after_a_run_finished_keeps_that_runs_results(tmp_path, monkeypatch):
+    """The runs are faked (no training): the first finishes, then the suite is
+    stopped. results.csv and summary.md already hold the finished run."""
+    from seedq.bench import compare
+
+    out = tmp_path / "suite"
+    out.mkdir()
+    (out / "random.json").write_text(json.dumps({"CartPole-v1": {"mean": 20.0, "episodes": 5}}))
+
+    def first_finishes_then_stop(jobs, max_running, *, on_start, on_finish):
+        config = jobs[0].payload
+        on_start(jobs[0])
+        os.makedirs(config.logdir)
+        with open(os.path.join(config.logdir, "summary.json"), "w") as f:
+            json.dump({"stop_reason": "max_frames", "frames": config.max_frames, "wall_seconds": 3.0,
+                       "mean_return_last100": 480.0}, f)
+        on_finish(jobs[0])
+        raise compare.Stopped("stopped by SIGTERM, passed on to every running job, which exited", 15)
+
+    monkeypatch.setattr(compare, "run_jobs", first_finishes_then_stop)
+    with pytest.raises(compare.Stopped):
+        suite.run(lambda env: TrainConfig(), ["CartPole-v1"], 2, str(out), max_frames=1000, log=lambda line: None)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [(r["seed"], r["final_return"]) for r in rows] == [("0", "480.0")]
+    assert "| CartPole-v1 | 1 | 490" in (out / "summary.md").read_text()
 
 
 def _job(tmp_path, name: str, code: str):

@@ -145,7 +145,8 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         max_frames: int = 0, frames_scale: float = 1.0, random_episodes: int = 100, jobs: int = 1,
         log=print) -> dict:
     """Trains every env x seed (seeds base.seed, base.seed + 1, ...) not yet finished, `jobs`
-    runs at a time, then writes results.csv, curves.csv, summary.md and the plots.
+    runs at a time, and writes results.csv, curves.csv, summary.md and the plots of the
+    finished runs after each run ends and at the end.
     `base_for(env)` is the env's default config with the passed-through flags applied."""
     if seeds <= 0:
         raise ValueError(f"--seeds {seeds}: must be > 0")
@@ -191,6 +192,8 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         log(f"{job.what}: final {_fmt(row['final_return'], '.1f')}, best {_fmt(row['best_return'], '.1f')}, "
             f"eval {_fmt(row['eval_return'], '.1f')}, normalised best {_fmt(row['best_normalised'], '.2f')} "
             f"({time.monotonic() - started_at[job.what]:.0f}s)")
+        # Kept current run by run: a suite stopped or failed later still leaves the finished runs' table.
+        report(plan, randoms, out)
 
     compare.run_jobs(todo, jobs, on_start=started, on_finish=ended)
     return report(plan, randoms, out)
