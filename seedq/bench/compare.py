@@ -242,6 +242,7 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     running: dict[subprocess.Popen, tuple[Job, typing.IO]] = {}  # child -> (its job, its open log file)
     signalled: set[subprocess.Popen] = set()
     failed: list[tuple[Job, int]] = []
+    pending = list(jobs)
 
     def stop_all(signum: int) -> None:
         for proc in list(running):
@@ -249,28 +250,35 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
                 signalled.add(proc)
                 proc.send_signal(signum)
 
-    pending = list(jobs)
-    with _first_stop_passed_on(stop_all) as received:
+    def start(job: Job) -> None:
+        on_start(job)
+        os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
+        log_file = open(job.log_path, "w")
+        proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
+        running[proc] = (job, log_file)
+
+    def reap(proc: subprocess.Popen) -> None:
+        job, log_file = running.pop(proc)
+        log_file.close()
+        if proc.returncode == 0:
+            on_finish(job)
+        elif not received and proc not in signalled:
+            failed.append((job, proc.returncode))
+            stop_all(signal.SIGTERM)
+
+    def may_start() -> bool:
+        return bool(pending) and not received and not failed
+
+    with _first_stop_passed_on(stop_all) as received:  # `received` is read by reap and may_start
         try:
-            while running or (pending and not received and not failed):
-                while pending and len(running) < max_running and not received and not failed:
-                    job = pending.pop(0)
-                    on_start(job)
-                    os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
-                    log_file = open(job.log_path, "w")
-                    proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
-                    running[proc] = (job, log_file)
+            while running or may_start():
+                while may_start() and len(running) < max_running:
+                    start(pending.pop(0))
                     if received:  # the stop came while it started
                         stop_all(received[0])
                 time.sleep(poll_seconds)
                 for proc in [p for p in running if p.poll() is not None]:
-                    job, log_file = running.pop(proc)
-                    log_file.close()
-                    if proc.returncode == 0:
-                        on_finish(job)
-                    elif not received and proc not in signalled:
-                        failed.append((job, proc.returncode))
-                        stop_all(signal.SIGTERM)
+                    reap(proc)
         except BaseException:
             stop_all(signal.SIGTERM)  # no child is left training on its own
             raise
