@@ -275,6 +275,10 @@ class VTraceConfig:
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
     shared_torso: bool = True
+    # Sizes of the value torso's layers when shared_torso is false (empty: as
+    # hidden_sizes). A wider value MLP than the policy's is the on-policy
+    # study's advice (Andrychowicz et al. 2020).
+    value_hidden_sizes: tuple[int, ...] = ()
     # Normalise vector observations by their running mean and std (learner-side
     # statistics, published with the parameters); common for continuous control.
     # Off for Box actions too: it took dmc:walker-walk from 0.68 to past its
@@ -616,6 +620,10 @@ class TrainConfig:
                 )
         if self.vtrace.use_lstm and not self.vtrace.shared_torso:
             raise ValueError("vtrace.shared_torso=false needs vtrace.use_lstm=false (one LSTM state per env)")
+        if self.vtrace.value_hidden_sizes and self.vtrace.shared_torso:
+            raise ValueError(
+                "vtrace.value_hidden_sizes needs vtrace.shared_torso=false (a shared torso has one set of sizes)"
+            )
         if self.agent == "r2d2":
             self._validate_r2d2()
         batch_name, batch_size = self.training_batch

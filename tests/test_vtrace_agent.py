@@ -17,7 +17,7 @@ from scipy import stats
 
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.agent import VTraceAgent
-from seedq.config import VTraceConfig
+from seedq.config import TrainConfig, VTraceConfig
 from seedq.schema import EnvSpec
 from seedq import schema
 from seedq.quant.mode import InferencePrecision
@@ -69,13 +69,14 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (SWINGUP, VTraceConfig()),
     (SWINGUP, VTraceConfig(use_lstm=True, lstm_size=16)),
     (SWINGUP, VTraceConfig(shared_torso=False)),
+    (SWINGUP, VTraceConfig(shared_torso=False, value_hidden_sizes=(48, 32))),
     (SWINGUP, VTraceConfig(normalize_observations=True)),
     (SWINGUP, VTraceConfig(layer_norm="first_layer", shared_torso=False)),
     (SWINGUP, VTraceConfig(layer_norm="all_layers", shared_torso=False)),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
     (MINATAR, VTraceConfig()),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-normalized",
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-wide-value", "gaussian-normalized",
         "gaussian-layer-norm-first", "gaussian-layer-norm-all", "frames", "frames-lstm", "small-image"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
@@ -189,6 +190,19 @@ def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
         wide = saturation(normed, 100.0)
         assert wide < 0.5, mode
         assert wide == pytest.approx(saturation(normed, 1.0), abs=0.02), mode
+
+
+@pytest.mark.unit
+def test_the_value_torso_takes_its_own_sizes_and_the_policy_keeps_hidden_sizes():
+    agent = VTraceAgent(SWINGUP, VTraceConfig(shared_torso=False, hidden_sizes=(16, 8), value_hidden_sizes=(48, 32)))
+    params = agent.init(jax.random.PRNGKey(0)).params["params"]
+    widths = lambda torso: [params[torso][layer]["kernel"].shape[1] for layer in sorted(params[torso])
+                            if "kernel" in params[torso][layer]]
+    assert widths("value_torso") == [48, 32]
+    assert params["value"]["kernel"].shape == (32, 1)
+    assert params["policy"]["kernel"].shape[0] == 8
+    with pytest.raises(ValueError, match="value_hidden_sizes needs vtrace.shared_torso=false"):
+        TrainConfig(vtrace=VTraceConfig(value_hidden_sizes=(256, 256))).validate()
 
 
 @pytest.mark.unit

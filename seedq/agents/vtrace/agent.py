@@ -96,6 +96,7 @@ class VTraceAgent:
             initial_log_std=config.initial_log_std,
             min_std=config.min_std,
             shared_torso=config.shared_torso,
+            value_hidden_sizes=tuple(config.value_hidden_sizes),
             layer_norm=config.layer_norm,
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),

@@ -60,6 +60,8 @@ class PolicyValueNetwork(nn.Module):
     # False: the value head gets a torso of its own, so value regression does
     # not shape the policy's features (feed-forward networks only).
     shared_torso: bool = True
+    # The value torso's layer sizes when it is its own (empty: hidden_sizes).
+    value_hidden_sizes: tuple[int, ...] = ()
     # LayerNorm in the MLP torsos (MLPTorso.layer_norm): none, first_layer or all_layers.
     layer_norm: str = "none"
     # Box actions: finite bounds squash the mean into [low, high] (see module docstring).
@@ -79,7 +81,8 @@ class PolicyValueNetwork(nn.Module):
             value_x = x
         else:  # feed-forward only (TrainConfig.validate)
             value_x = make_torso(
-                self.torso, self.hidden_sizes, nn.tanh, "value_torso", mlp_layer_norm=self.layer_norm
+                self.torso, self.value_hidden_sizes or self.hidden_sizes, nn.tanh, "value_torso",
+                mlp_layer_norm=self.layer_norm,
             )(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
