@@ -76,8 +76,9 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,))),
     (FRAMES, VTraceConfig(network="mlp", hidden_sizes=(32,), use_lstm=True, lstm_size=16)),
     (MINATAR, VTraceConfig()),
-], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-wide-value", "gaussian-normalized",
-        "gaussian-layer-norm-first", "gaussian-layer-norm-all", "frames", "frames-lstm", "small-image"])
+], ids=["mlp", "mlp-lstm", "gaussian", "gaussian-lstm", "gaussian-two-torsos", "gaussian-wide-value",
+        "gaussian-normalized", "gaussian-layer-norm-first", "gaussian-layer-norm-all", "frames", "frames-lstm",
+        "small-image"])
 def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     agent = VTraceAgent(spec, config, frame_stack=3)
     state = agent.init(jax.random.PRNGKey(1))
