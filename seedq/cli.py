@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
 
 from seedq import config as config_lib
@@ -671,8 +672,9 @@ def _bench_suite(args: argparse.Namespace) -> int:
             random_episodes=args.random_episodes, jobs=args.jobs, log=lambda line: print(line, flush=True),
         )
     except compare.Stopped as e:
-        print(f"seedq bench suite: {e}; the runs finished before it are in {args.out}/results.csv "
-              "and the same command resumes the suite", file=sys.stderr)
+        results = os.path.join(args.out, "results.csv")
+        finished = f"the runs finished before it are in {results} and " if os.path.exists(results) else ""
+        print(f"seedq bench suite: {e}; {finished}the same command resumes the suite", file=sys.stderr)
         return 128 + e.signum
     except (ValueError, RuntimeError, OSError) as e:
         print(f"seedq bench suite: {e}", file=sys.stderr)
