@@ -323,6 +323,7 @@ def test_compare_writes_csv_and_plots(tmp_path):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["config"] for r in rows] == ["seed-fp32", "impala-int8"]
+    assert (out / "runs" / "impala-int8-seed0.log").exists()  # each run's own output is kept
     seed_row, impala_row = rows
     assert (seed_row["architecture"], impala_row["architecture"]) == ("seed", "impala")
     assert impala_row["actor_precision"] == "int8"

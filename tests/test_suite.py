@@ -228,6 +228,27 @@ def test_run_jobs_runs_them_side_by_side_and_a_failure_stops_the_rest(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.timeout(60)
+def test_run_jobs_stops_a_job_past_its_time_limit_and_kills_it_if_it_hangs_on(tmp_path, monkeypatch):
+    """A job past `timeout_seconds` gets SIGTERM and is named in the error; one
+    that ignores SIGTERM is killed KILL_AFTER_SECONDS later."""
+    from seedq.bench import compare
+
+    monkeypatch.setattr(compare, "KILL_AFTER_SECONDS", 0.5)
+    hangs = ("import signal, time, pathlib\n"
+             "signal.signal(signal.SIGTERM, lambda *a: pathlib.Path(r'%s').write_text('term'))\n"
+             "print('still here', flush=True)\n"
+             "while True: time.sleep(0.05)\n" % (tmp_path / "hung.term"))
+    job = _job(tmp_path, "hung", hangs)
+    job.timeout_seconds = 1
+    finished = []
+    with pytest.raises(RuntimeError, match=r"hung ran past its limit of 1s and was stopped: still here"):
+        compare.run_jobs([job], 1, on_start=lambda j: None, on_finish=finished.append, poll_seconds=0.05)
+    assert (tmp_path / "hung.term").read_text() == "term"  # asked to stop first
+    assert finished == []  # then killed: no clean exit
+
+
+@pytest.mark.unit
 def test_suite_refuses_jobs_below_one(tmp_path):
     with pytest.raises(ValueError, match="--jobs 0"):
         suite.run(lambda env: TrainConfig(), ["CartPole-v1"], 1, str(tmp_path), jobs=0)

@@ -11,7 +11,8 @@ hyperparameters; the configurations differ only in these fields:
 
 Outputs in --out: `results.csv` (one tidy row per configuration and seed),
 `curves.csv` (return over frames and seconds, from the runs' TensorBoard
-files), the runs themselves under `runs/`, and PNG plots.
+files), the runs themselves under `runs/` (each with its own output beside
+it, `runs/<config>-seed<seed>.log`), and PNG plots.
 
 Energy and carbon are ESTIMATES, not measurements: the CPU seconds the run's
 processes used (learner + actors, from os.times() of the finished child
@@ -145,19 +146,6 @@ def read_curve(logdir: str) -> list[dict]:
     ]
 
 
-@dataclasses.dataclass
-class FinishedRun:
-    """What one `seedq train` process left behind (`train_in_fresh_process`)."""
-
-    config: TrainConfig
-    summary: dict
-    actors: list[dict]  # <logdir>/actors/*.json
-    curve: list[dict]  # read_curve(logdir)
-    cpu_seconds: float  # the learner's and, through it, its actors'
-    load_avg: float  # 1-minute load average at the start
-    command_seconds: float
-
-
 class Stopped(Exception):
     """SIGTERM or SIGINT (Ctrl-C) reached a benchmark while a run trained; the
     run was passed the signal, checkpointed and exited. `signum`: the signal."""
@@ -190,30 +178,9 @@ def _first_stop_passed_on(pass_on):
             signal.signal(sig, old)
 
 
-def _run_passing_on_stops(cmd: list[str], timeout: float | None, what: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `cmd`. The child runs in a process
-    group of its own, and the first SIGTERM or SIGINT this process gets is
-    passed on to it once, then Stopped is raised when it has exited.
-    (subprocess.run would SIGKILL it on Ctrl-C, losing the steps since its last
-    checkpoint, and leave it running on SIGTERM.)"""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
-
-    def pass_on(signum: int) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    with _first_stop_passed_on(pass_on) as received:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
-    if received:
-        name = signal.Signals(received[0]).name
-        raise Stopped(f"{what}: stopped by {name}; the run saved a checkpoint and exited ({proc.returncode})",
-                      received[0])
-    return proc.returncode, stdout, stderr
+# A job past its time limit gets SIGTERM (it checkpoints and exits); one still
+# running this long after that is killed.
+KILL_AFTER_SECONDS = 60.0
 
 
 @dataclasses.dataclass
@@ -224,6 +191,9 @@ class Job:
     log_path: str
     what: str  # names the job in errors
     payload: object = None  # the caller's, handed back to on_start / on_finish
+    # A job still running after this many seconds is stopped with SIGTERM and
+    # counts as failed (a safety net for a run that hangs; None: no limit).
+    timeout_seconds: float | None = None
 
 
 def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_seconds: float = 0.2) -> None:
@@ -234,14 +204,17 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     to every running child, no job starts after it, and Stopped is raised when
     they have all exited. A job that fails (exit status not 0) stops the rest
     the same way, with SIGTERM (a stopped training run saves a checkpoint, so a
-    rerun continues it), and RuntimeError names it with the end of its output.
-    `on_start(job)` and `on_finish(job)` (exit 0) are called in this thread.
+    rerun continues it), and RuntimeError names it with the end of its output;
+    so does a job past its `timeout_seconds`. `on_start(job)` and
+    `on_finish(job)` (exit 0, also after a stop: a stopped `seedq train` exits 0
+    with stop_reason "terminated") are called in this thread.
     (A process pool of the standard library would run Python callables, not
     commands with their own process groups and this stop protocol.)
     """
-    running: dict[subprocess.Popen, tuple[Job, typing.IO]] = {}  # child -> (its job, its open log file)
+    # child -> (its job, its open log file, when it started)
+    running: dict[subprocess.Popen, tuple[Job, typing.IO, float]] = {}
     signalled: set[subprocess.Popen] = set()
-    failed: list[tuple[Job, int]] = []
+    failed: list[tuple[Job, str]] = []  # (job, why)
     pending = list(jobs)
 
     def stop_all(signum: int) -> None:
@@ -255,16 +228,25 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
         os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
         log_file = open(job.log_path, "w")
         proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
-        running[proc] = (job, log_file)
+        running[proc] = (job, log_file, time.monotonic())
 
     def reap(proc: subprocess.Popen) -> None:
-        job, log_file = running.pop(proc)
+        job, log_file, _ = running.pop(proc)
         log_file.close()
         if proc.returncode == 0:
             on_finish(job)
         elif not received and proc not in signalled:
-            failed.append((job, proc.returncode))
+            failed.append((job, f"failed (exit {proc.returncode})"))
             stop_all(signal.SIGTERM)
+
+    def stop_overdue(now: float) -> None:
+        for proc, (job, _, started) in list(running.items()):
+            late = now - started - (job.timeout_seconds or float("inf"))
+            if late > 0 and not any(j is job for j, _ in failed):
+                failed.append((job, f"ran past its limit of {job.timeout_seconds:.0f}s and was stopped"))
+                stop_all(signal.SIGTERM)
+            elif late > KILL_AFTER_SECONDS:  # hung too hard to stop cleanly
+                proc.kill()
 
     def may_start() -> bool:
         return bool(pending) and not received and not failed
@@ -279,6 +261,7 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
                 time.sleep(poll_seconds)
                 for proc in [p for p in running if p.poll() is not None]:
                     reap(proc)
+                stop_overdue(time.monotonic())
         except BaseException:
             stop_all(signal.SIGTERM)  # no child is left training on its own
             raise
@@ -286,10 +269,10 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
         name = signal.Signals(received[0]).name
         raise Stopped(f"stopped by {name}, passed on to every running job, which exited", received[0])
     if failed:
-        job, code = failed[0]
+        job, why = failed[0]
         with open(job.log_path) as f:
             tail = f.read()[-2000:].strip()
-        raise RuntimeError(f"{job.what} failed (exit {code}): {tail}")
+        raise RuntimeError(f"{job.what} {why}: {tail}")
 
 
 def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
@@ -299,41 +282,6 @@ def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list
 
     config.validate()
     return [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, "--quiet"]
-
-
-def train_in_fresh_process(config: TrainConfig, *, timeout: float | None, what: str,
-                           extra_args: tuple[str, ...] = ()) -> FinishedRun:
-    """Runs `config` as a fresh `seedq train` process (only the flags that differ
-    from the env's defaults, then `extra_args`, e.g. --resume); raises
-    RuntimeError naming `what` if it fails."""
-    cmd = train_command(config, extra_args)
-    load_avg = os.getloadavg()[0]
-    before = os.times()
-    started = time.monotonic()
-    returncode, stdout, stderr = _run_passing_on_stops(cmd, timeout, what)
-    after = os.times()
-    if returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {returncode}): {(stderr or stdout).strip()[-2000:]}")
-    # Children's CPU: the learner and, through it, its actor processes (waited for).
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    logdir = config.logdir
-    actors = [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(logdir, "actors", "*.json")))) if s]
-    return FinishedRun(config, read_json(os.path.join(logdir, "summary.json")), actors, read_curve(logdir),
-                       cpu, load_avg, time.monotonic() - started)
-
-
-def run_one(base: TrainConfig, name: str, seed: int, out: str, *, timeout: float,
-            watts_per_core: float, grams_co2_per_kwh: float, log=print) -> tuple[dict, list[dict]]:
-    """Runs one configuration in a fresh `seedq train` process; returns (row, curve rows)."""
-    logdir = os.path.join(out, "runs", f"{name}-seed{seed}")
-    run = train_in_fresh_process(run_config(base, name, seed, logdir), timeout=timeout, what=f"{name} seed {seed}")
-    row = tidy_row(name, run.config, run.summary, run.actors, run.curve, run.cpu_seconds,
-                   watts_per_core=watts_per_core, grams_co2_per_kwh=grams_co2_per_kwh, load_avg=run.load_avg)
-    log(f"{name} seed {seed}: {row['frames']:,} frames in {row['wall_seconds']:.1f}s, return "
-        f"{row['return'] if row['return'] is None else round(row['return'], 1)}, "
-        f"target {'at %.1fs' % row['seconds_to_target'] if row['reached_target'] else 'not reached'} "
-        f"(command {run.command_seconds:.1f}s, load {run.load_avg:.1f})")
-    return row, [{"config": name, "seed": seed, **p} for p in run.curve]
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -480,19 +428,49 @@ def plot(rows: list[dict], curves: list[dict], out: str) -> list[str]:
 def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
         watts_per_core: float = WATTS_PER_CORE, grams_co2_per_kwh: float = GRAMS_CO2_PER_KWH,
         timeout: float | None = None, log=print) -> dict:
-    """Runs every configuration for `seeds` seeds (seed base.seed + i), writes CSVs and plots."""
+    """Runs every configuration for `seeds` seeds (seed base.seed + i), one at a
+    time, each in a fresh `seedq train` process (its output in
+    runs/<config>-seed<seed>.log), and writes CSVs and plots."""
     os.makedirs(out, exist_ok=True)
     timeout = timeout or (base.max_seconds + 180 if base.max_seconds else None)
-    rows, curves = [], []
+    jobs = []
     # Seeds outermost: a drifting machine load affects every configuration alike.
     for i in range(seeds):
         for name in configs:
-            row, curve = run_one(base, name, base.seed + i, out, timeout=timeout,
-                                 watts_per_core=watts_per_core, grams_co2_per_kwh=grams_co2_per_kwh, log=log)
-            rows.append(row)
-            curves += curve
-            write_csv(os.path.join(out, "results.csv"), rows)  # partial results survive a crash
-            write_csv(os.path.join(out, "curves.csv"), curves)
+            seed = base.seed + i
+            config = run_config(base, name, seed, os.path.join(out, "runs", f"{name}-seed{seed}"))
+            jobs.append(Job(train_command(config), config.logdir + ".log", f"{name} seed {seed}",
+                            payload=(name, config), timeout_seconds=timeout))
+    rows, curves = [], []
+    at_start: dict[str, tuple[float, os.times_result, float]] = {}
+
+    def started(job: Job) -> None:
+        at_start[job.what] = (os.getloadavg()[0], os.times(), time.monotonic())
+
+    def ended(job: Job) -> None:
+        name, config = job.payload
+        load_avg, before, started_at = at_start.pop(job.what)
+        summary = read_json(os.path.join(config.logdir, "summary.json"))
+        if summary is None or summary.get("stop_reason") in ("terminated", "interrupted"):
+            return  # stopped with the benchmark: not a result
+        after = os.times()
+        # The finished children's CPU since the start: with one run at a time, this
+        # run's learner and, through it, its actor processes (all waited for).
+        cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        actors = [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(config.logdir, "actors", "*.json")))) if s]
+        curve = read_curve(config.logdir)
+        row = tidy_row(name, config, summary, actors, curve, cpu, watts_per_core=watts_per_core,
+                       grams_co2_per_kwh=grams_co2_per_kwh, load_avg=load_avg)
+        log(f"{job.what}: {row['frames']:,} frames in {row['wall_seconds']:.1f}s, return "
+            f"{row['return'] if row['return'] is None else round(row['return'], 1)}, "
+            f"target {'at %.1fs' % row['seconds_to_target'] if row['reached_target'] else 'not reached'} "
+            f"(command {time.monotonic() - started_at:.1f}s, load {load_avg:.1f})")
+        rows.append(row)
+        curves.extend({"config": name, "seed": config.seed, **p} for p in curve)
+        write_csv(os.path.join(out, "results.csv"), rows)  # partial results survive a crash
+        write_csv(os.path.join(out, "curves.csv"), curves)
+
+    run_jobs(jobs, 1, on_start=started, on_finish=ended)
     return report(out)
 
 
