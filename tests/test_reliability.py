@@ -262,3 +262,24 @@ def test_a_stream_closed_for_silence_tells_its_actor_unavailable():
         learner.stop()
     assert code == grpc.StatusCode.UNAVAILABLE, details
     assert "nothing received for 2s" in details and "actor silent" in details
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_stop_waits_for_a_train_step_still_in_flight(tmp_path, monkeypatch):
+    """A stop that comes while the first update still compiles (minutes on a
+    busy machine) returns only once the training thread has ended: a daemon
+    thread inside XLA when the interpreter exits aborts the process
+    ("FATAL: exception not rethrown", exit -6)."""
+    compiling = threading.Event()
+
+    def slow_warm_up(self):
+        compiling.set()
+        time.sleep(12)  # longer than stop()'s first 10 s wait
+
+    monkeypatch.setattr(Learner, "_warm_up", slow_warm_up)
+    learner = Learner(TrainConfig(env="CartPole-v1"), f"unix:{tmp_path}/seed.sock")
+    learner.start()
+    assert compiling.wait(30)
+    learner.stop()
+    assert not learner.training

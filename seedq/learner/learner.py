@@ -266,6 +266,14 @@ class Learner:
             self._loop.call_soon_threadsafe(self._shutdown_event.set)
         for thread in self._threads:
             thread.join(timeout=10)
+        if self.training:
+            # A train step or compile in flight (the first compile of a large
+            # update takes minutes on a busy machine) must end before the
+            # interpreter does: a daemon thread inside XLA at exit aborts the
+            # process ("FATAL: exception not rethrown"). It always ends; the
+            # queue is closed, so no step follows it.
+            log.warning("waiting for the train step in flight to finish before exiting")
+            self.wait_training_stopped(timeout=None)
 
     # --- server thread ---
 
@@ -411,7 +419,7 @@ class Learner:
         """Whether the training thread is still running."""
         return any(t.name == "seedq-train" and t.is_alive() for t in self._threads)
 
-    def wait_training_stopped(self, timeout: float) -> bool:
+    def wait_training_stopped(self, timeout: float | None) -> bool:
         """Waits for the training thread to end (a group's stop); False if it has not."""
         for thread in self._threads:
             if thread.name == "seedq-train":
