@@ -240,15 +240,15 @@ class VTraceConfig:
     # stayed at 0.2-0.7 of their references; docs/learning.md, stop 22), and
     # CartPole in 125k frames instead of 276k without reuse. It costs the
     # learner 4x the compute per frame. Without ppo_clip, reuse 2 collapsed a
-    # CartPole seed.
+    # CartPole seed. 8 for Box actions, with reuse_pool (CONTINUOUS_VTRACE).
     reuse: int = 4
     # > 1: reuse as PPO's epochs: take this many batches' worth of unrolls at
     # once and make the `reuse` passes over them in shuffled batches of
     # batch_size unrolls, instead of `reuse` steps in a row on one batch. Same
-    # updates per frame; the policy lags by up to pool x reuse updates. 1: off,
-    # the default: 4 with reuse 8 passed swingup in 5 of 6 seeds over two
-    # sittings but walker-walk in 3 of 6, where the Box defaults passed 4 of 6
-    # (docs/learning.md, stops 30-31). The run's seed orders the passes.
+    # updates per frame; the policy lags by up to pool x reuse updates. 1: off
+    # for Discrete actions; 4 with reuse 8 for Box actions (CONTINUOUS_VTRACE,
+    # stop 33; alone it passed walker-walk in 3 of 6 seeds, with the wide
+    # value torso below 3 of 3; docs/learning.md). The run's seed orders the passes.
     reuse_pool: int = 1
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
@@ -277,9 +277,11 @@ class VTraceConfig:
     shared_torso: bool = True
     # Sizes of the value torso's layers when shared_torso is false (empty: as
     # hidden_sizes). A wider value MLP than the policy's is the on-policy
-    # study's advice (Andrychowicz et al. 2020). 256,256 on the Box defaults:
-    # walker-walk 2 of 3, cartpole-swingup 1 of 3; with reuse_pool 4, reuse 8
-    # and learning_rate 3e-4 swingup 3 of 3 (docs/learning.md, stop 32).
+    # study's advice (Andrychowicz et al. 2020). 256,256 for Box actions
+    # (CONTINUOUS_VTRACE, stop 33): alone on the earlier Box defaults
+    # walker-walk 2 of 3 but cartpole-swingup 1 of 3; with reuse_pool 4,
+    # reuse 8 and learning_rate 3e-4 swingup 6 of 6, walker-walk 3 of 3
+    # (docs/learning.md, stops 32-33).
     value_hidden_sizes: tuple[int, ...] = ()
     # Normalise vector observations by their running mean and std (learner-side
     # statistics, published with the parameters); common for continuous control.
@@ -742,7 +744,14 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
 CONTINUOUS_VTRACE = VTraceConfig(
     unroll_length=20,
     lambda_=0.95,
-    learning_rate=5e-4,
+    # Stop 33 (docs/learning.md): the value torso at 256 x 256 beside the
+    # policy's 64 x 64, the 8 passes as shuffled epochs over 4 batches, and
+    # 3e-4 (was 5e-4, reuse 4, one torso size): walker-walk 3 of 3, swingup
+    # 6 of 6 over two sittings, Pendulum 3 of 3; before: 4 of 6 and 3 of 6.
+    learning_rate=3e-4,
+    reuse=8,
+    reuse_pool=4,
+    value_hidden_sizes=(256, 256),
     entropy_cost=0.0,
     reward_scale=0.1,
     shared_torso=False,
