@@ -186,7 +186,8 @@ def _add_actor_flags(actor: argparse.ArgumentParser) -> None:
     actor.add_argument("--max-seconds", type=float, default=0.0, help="stop after this long (0: never)")
     actor.add_argument(
         "--retry-max-seconds", type=float, default=0.0,
-        help="give up after this long without a learner (0: retry forever)",
+        help="give up after this long without a learner (0: retry forever); with --parent-pid, "
+        "only once that process is gone",
     )
     actor.add_argument("--stats-file", default="", help="write actor statistics (JSON) here at exit")
     actor.add_argument(

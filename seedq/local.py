@@ -31,6 +31,10 @@ from seedq.learner.reporting import RunReporter
 
 log = logging.getLogger("seedq.local")
 
+# How long a local actor retries once its learner process is gone, where the
+# OS does not stop it at once (PR_SET_PDEATHSIG is Linux only).
+LOCAL_ACTOR_RETRY_SECONDS = 30.0
+
 
 def actor_command(
     address: str, config: TrainConfig, index: int, stats_file: str | None = None,
@@ -46,9 +50,10 @@ def actor_command(
         "--actor-id", f"local-{index}",
         "--seed", str(config.seed * 1000 + index),
         # Local actors die with their learner rather than waiting for a new one
-        # (at once where the OS tells them, else after 30 s without it); a
-        # resumed local run starts actors of its own.
-        "--retry-max-seconds", "30",
+        # (at once where the OS tells them, else LOCAL_ACTOR_RETRY_SECONDS after
+        # it is gone); while it lives they wait for it to listen, however long
+        # its start-up takes. A resumed local run starts actors of its own.
+        "--retry-max-seconds", str(LOCAL_ACTOR_RETRY_SECONDS),
         "--parent-pid", str(os.getpid()),
     ]
     # Preprocessing runs in the actor and must match the learner's spec: pass

@@ -283,3 +283,27 @@ def test_stop_waits_for_a_train_step_still_in_flight(tmp_path, monkeypatch):
     assert compiling.wait(30)
     learner.stop()
     assert not learner.training
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_local_actors_wait_for_a_learner_slow_to_start(tmp_path, monkeypatch):
+    """Local actors start before their learner listens and retry; a learner
+    whose start-up outlasts the actors' retry limit (the first compile on a
+    loaded machine took over 30 s) must still get its actors: while it lives
+    they keep waiting, and the run trains to its budget."""
+    from seedq import local
+
+    original_start = Learner.start
+
+    def slow_start(self, *args, **kwargs):
+        time.sleep(6)  # six times the actors' retry limit below
+        return original_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(local, "LOCAL_ACTOR_RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(Learner, "start", slow_start)
+    config = TrainConfig(env="CartPole-v1", max_frames=3000, target_return=None,
+                         logdir=str(tmp_path / "run"), num_actors=1, envs_per_actor=8)
+    summary = local.train(config, quiet=True)
+    assert summary["stop_reason"] == "max_frames"
+    assert summary["frames"] >= 3000

@@ -204,6 +204,7 @@ async def run_actor(
     seed: int = 0,
     max_seconds: float = 0.0,
     retry_max_seconds: float = 0.0,
+    parent_pid: int = 0,
     stats: ActorStats | None = None,
     stats_skip_seconds: float = 0.0,
     options: EnvOptions = EnvOptions(),
@@ -212,7 +213,9 @@ async def run_actor(
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
-    `retry_max_seconds` > 0 gives up after that long without a connection.
+    `retry_max_seconds` > 0 gives up after that long without a connection;
+    with `parent_pid` (the local learner that started us), only once that
+    process is gone (`learner_may_still_come`).
     `connection` serves one connection (default: the SEED stream; the IMPALA
     actor passes its own) with the keyword arguments of `_serve_one_connection`.
     `channel_config` sets TLS, the token and keepalive; a refusal of those
@@ -257,7 +260,8 @@ async def run_actor(
                     # We had a learner and lost it: restart the backoff clock.
                     backoff, disconnected_since = 0.05, time.monotonic()
                 now = time.monotonic()
-                if retry_max_seconds and now - disconnected_since > retry_max_seconds:
+                if (retry_max_seconds and now - disconnected_since > retry_max_seconds
+                        and not learner_may_still_come(parent_pid)):
                     raise ConnectionError(
                         f"no learner at {address} for {retry_max_seconds:.0f}s ({reason}); giving up"
                     )
@@ -266,6 +270,15 @@ async def run_actor(
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
     finally:
         env.close()
+
+
+def learner_may_still_come(parent_pid: int) -> bool:
+    """Whether `parent_pid` (0: none), the local learner that started this
+    actor, is still its parent. While it lives its socket may just not be
+    listening yet: building the learner (the model, the first compile) took
+    over 30 s on a loaded 2-core machine, and local actors that gave up then
+    failed the run."""
+    return bool(parent_pid) and os.getppid() == parent_pid
 
 
 def exit_with_parent(parent_pid: int) -> None:
@@ -342,7 +355,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
             loop.add_signal_handler(sig, stop)
         coro = run_actor(
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=env_seed(args),
-            retry_max_seconds=args.retry_max_seconds, stats=stats,
+            retry_max_seconds=args.retry_max_seconds, parent_pid=getattr(args, "parent_pid", 0), stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions), channel_config=channel_config,
         )
