@@ -307,3 +307,26 @@ def test_local_actors_wait_for_a_learner_slow_to_start(tmp_path, monkeypatch):
     summary = local.train(config, quiet=True)
     assert summary["stop_reason"] == "max_frames"
     assert summary["frames"] >= 3000
+
+
+@pytest.mark.unit
+def test_a_local_actor_gives_up_only_once_its_learner_process_is_gone(tmp_path):
+    """`--parent-pid` names the local learner: while it is the actor's parent
+    the actor keeps retrying past `retry_max_seconds`; once it is not (it
+    died and the actor was re-parented), the actor gives up at the limit."""
+    import asyncio
+
+    from seedq.actor.seed_actor import run_actor
+
+    address = f"unix:{tmp_path}/nobody-listens.sock"
+
+    async def attempt(parent_pid: int, seconds: float):
+        return await asyncio.wait_for(
+            run_actor(address, "CartPole-v1", 2, actor_id="orphan", retry_max_seconds=0.5, parent_pid=parent_pid),
+            timeout=seconds,
+        )
+
+    with pytest.raises(ConnectionError, match="giving up"):
+        asyncio.run(attempt(os.getpid(), 60))  # not this process's parent: as if the learner had died
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(attempt(os.getppid(), 5))  # the parent lives: still retrying at 10x the limit
