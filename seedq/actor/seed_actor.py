@@ -294,7 +294,7 @@ def exit_with_parent(parent_pid: int) -> None:
             return
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:  # it died before we asked
+    if not learner_may_still_come(parent_pid):  # it died before we asked
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -323,8 +323,9 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
-    if getattr(args, "parent_pid", 0):
-        exit_with_parent(args.parent_pid)
+    parent_pid = getattr(args, "parent_pid", 0)
+    if parent_pid:
+        exit_with_parent(parent_pid)
     stats = ActorStats()
     actor_id = actor_name(args)
     channel_config = config_from_args(args, ActorChannelConfig)
@@ -355,7 +356,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
             loop.add_signal_handler(sig, stop)
         coro = run_actor(
             args.server, args.env, args.num_envs, actor_id=actor_id, seed=env_seed(args),
-            retry_max_seconds=args.retry_max_seconds, parent_pid=getattr(args, "parent_pid", 0), stats=stats,
+            retry_max_seconds=args.retry_max_seconds, parent_pid=parent_pid, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions), channel_config=channel_config,
         )
