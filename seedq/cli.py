@@ -18,6 +18,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import sys
 
 from seedq import config as config_lib
@@ -218,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.add_argument(
+        "--parent-pid", type=int, default=0,
+        help="stop cleanly (checkpoint and exit) when this process dies, even by SIGKILL: "
+        "for tools that start training runs, as `seedq bench suite` and `seedq compare` do; Linux only",
+    )
 
     learner = _add_run_command(
         sub, "learner",
@@ -768,6 +774,10 @@ def main(argv: list[str] | None = None) -> int:
                 socket_path=address[5:] if address.startswith("unix:") else "",
             )
         distributed.die_with_supervisor()
+        if getattr(args, "parent_pid", 0):
+            from seedq import lifetime
+
+            lifetime.die_with_parent(args.parent_pid, signal.SIGTERM)
         from seedq import local
 
         try:

@@ -40,6 +40,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from seedq import lifetime
 from seedq.config import DistributedConfig
 
 # Exit status of a learner process whose group lost a member.
@@ -255,18 +256,8 @@ def die_with_supervisor() -> None:
     dies, even by SIGKILL, so killing the `seedq learner` command kills the
     group member. A no-op elsewhere."""
     supervisor = int(os.environ.get(SUPERVISED) or 0)
-    if not supervisor:
-        return
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != supervisor:  # it died before we asked
-        os.kill(os.getpid(), signal.SIGKILL)
+    if supervisor:
+        lifetime.die_with_parent(supervisor, signal.SIGKILL)
 
 
 def needs_supervisor(config: DistributedConfig) -> bool:

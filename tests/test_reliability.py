@@ -330,3 +330,46 @@ def test_a_local_actor_gives_up_only_once_its_learner_process_is_gone(tmp_path):
         asyncio.run(attempt(os.getpid(), 60))  # not this process's parent: as if the learner had died
     with pytest.raises(asyncio.TimeoutError):
         asyncio.run(attempt(os.getppid(), 5))  # the parent lives: still retrying at 10x the limit
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux only")
+def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_parent_is_sigkilled(tmp_path):
+    """`lifetime.die_with_parent`: a parent that ends by SIGKILL passes nothing
+    on, yet its child gets the signal it asked for (here SIGTERM, which it
+    records) from the kernel; a child that did not ask lives on."""
+    child_code = (
+        "import os, pathlib, signal, sys, time\n"
+        "from seedq import lifetime\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (out.write_text('SIGTERM'), sys.exit(0)))\n"
+        "if sys.argv[2] == 'ask':\n"
+        "    assert lifetime.die_with_parent(os.getppid(), signal.SIGTERM)\n"
+        "tmp = out.parent / (out.name + '.tmp')\n"
+        "tmp.write_text(str(os.getpid()))\n"
+        "tmp.rename(out.parent / (out.name + '.ready'))  # whole, or not there\n"
+        "time.sleep(60)\n"
+    )
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]])\n"
+        "time.sleep(60)\n"
+    )
+    outcomes = {}
+    for mode in ("ask", "do-not-ask"):
+        out = tmp_path / mode
+        parent = subprocess.Popen([sys.executable, "-c", parent_code, child_code, str(out), mode])
+        ready = tmp_path / (mode + ".ready")
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child_pid = int(ready.read_text())
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + (10 if mode == "ask" else 3)  # the kernel signals at once
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        outcomes[mode] = out.read_text() if out.exists() else "running"
+        if not out.exists():
+            os.kill(child_pid, 9)
+    assert outcomes == {"ask": "SIGTERM", "do-not-ask": "running"}

@@ -1,5 +1,6 @@
 """`seedq bench suite`: scoring against the references, and one real (tiny) suite run."""
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -134,22 +135,35 @@ def _processes_mentioning(text: str) -> list[int]:
             if any(text in arg for arg in p.info["cmdline"] or ())]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_path, stop):
-    """SIGTERM or SIGINT to the suite process alone: its training run gets the
-    stop, saves a checkpoint and exits (no orphan left training); the suite
-    says so in one line and exits 128 + signal; the run stays resumable."""
+def _suite_with_a_run_in_progress(tmp_path):
+    """(the `seedq bench suite` process, its run's directory) once the run reports progress."""
     out = tmp_path / "suite"
     cmd = [sys.executable, "-m", "seedq.cli", "bench", "suite", "--envs", "CartPole-v1", "--seeds", "1",
            "--max-frames", "50000000", "--num-actors", "1", "--envs-per-actor", "4",
            "--random-episodes", "2", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = out / "runs" / "CartPole-v1-seed0"
+    deadline = time.monotonic() + 240
+    while not (run_dir / "stats.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return proc, run_dir
+
+
+def _assert_stopped_resumable(run_dir):
+    assert _processes_mentioning(str(run_dir)) == []
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert suite.resumable(from_dict(TrainConfig, saved))
+    assert not suite.finished(from_dict(TrainConfig, saved))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_path, stop):
+    """SIGTERM or SIGINT to the suite process alone: its training run gets the
+    stop, saves a checkpoint and exits (no orphan left training); the suite
+    says so in one line and exits 128 + signal; the run stays resumable."""
+    proc, run_dir = _suite_with_a_run_in_progress(tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "stats.json").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
         assert (run_dir / "stats.json").exists(), "the run never reported progress"
         proc.send_signal(stop)
         stdout, stderr = proc.communicate(timeout=180)
@@ -159,10 +173,34 @@ def test_a_stopped_suite_stops_its_run_with_a_checkpoint_and_no_traceback(tmp_pa
     assert proc.returncode == 128 + stop, stdout + stderr
     assert "Traceback" not in stderr
     assert f"stopped by {signal.Signals(stop).name}" in stderr and "resumes" in stderr
-    assert _processes_mentioning(str(run_dir)) == []
-    saved = json.loads((run_dir / "config.json").read_text())
-    assert suite.resumable(from_dict(TrainConfig, saved))
-    assert not suite.finished(from_dict(TrainConfig, saved))
+    _assert_stopped_resumable(run_dir)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux only")
+def test_a_sigkilled_suite_leaves_no_run_training_on_its_own(tmp_path):
+    """SIGKILL to the suite process alone (it can pass nothing on): its training
+    run, in a process group of its own, still stops cleanly — summary
+    'terminated', a checkpoint — rather than training on into a directory that
+    the suite's rerun would resume or clear under it."""
+    proc, run_dir = _suite_with_a_run_in_progress(tmp_path)
+    try:
+        assert (run_dir / "stats.json").exists(), "the run never reported progress"
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 120
+        while _processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left_running = _processes_mentioning(str(run_dir))
+    finally:
+        for pid in _processes_mentioning(str(run_dir)):  # a failing test leaves nothing running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert left_running == [], "the run trained on after its suite was killed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "terminated"
+    assert os.path.isdir(summary["checkpoint"])
+    _assert_stopped_resumable(run_dir)
 
 
 @pytest.mark.unit

@@ -28,6 +28,7 @@ import numpy as np
 
 from seedq import channel as channel_lib
 from seedq import grpc_setup
+from seedq import lifetime
 from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing
@@ -278,24 +279,7 @@ def learner_may_still_come(parent_pid: int) -> bool:
     listening yet: building the learner (the model, the first compile) took
     over 30 s on a loaded 2-core machine, and local actors that gave up then
     failed the run."""
-    return bool(parent_pid) and os.getppid() == parent_pid
-
-
-def exit_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel send us SIGTERM (a clean stop) when `parent_pid`,
-    the local learner that started us, dies, even by SIGKILL. Elsewhere the
-    actor falls back to giving up after --retry-max-seconds."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if not learner_may_still_come(parent_pid):  # it died before we asked
-        os.kill(os.getpid(), signal.SIGTERM)
+    return lifetime.is_parent(parent_pid)
 
 
 def env_seed(args) -> int:
@@ -325,7 +309,9 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
                         format="%(asctime)s %(name)s %(message)s")
     parent_pid = getattr(args, "parent_pid", 0)
     if parent_pid:
-        exit_with_parent(parent_pid)
+        # A clean stop when the local learner dies; elsewhere than Linux the
+        # actor gives up after --retry-max-seconds once it is gone.
+        lifetime.die_with_parent(parent_pid, signal.SIGTERM)
     stats = ActorStats()
     actor_id = actor_name(args)
     channel_config = config_from_args(args, ActorChannelConfig)
