@@ -39,7 +39,9 @@ class ServerConfig:
     # How long the batcher waits for more streams once it holds a request.
     batch_timeout_ms: float = 0.5
     # Unrolls held between the server and the learner; when full, inference
-    # waits for training (backpressure) instead of memory growing.
+    # waits for training (backpressure) instead of memory growing. The last
+    # inference batch's unrolls may take it past this by one batch (a strict
+    # bound could deadlock: seedq.server.unrolls.UnrollQueue).
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096

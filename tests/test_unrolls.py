@@ -268,17 +268,15 @@ def test_queue_get_times_out_with_too_few():
     np.testing.assert_array_equal(q.get(2, timeout=1)["id"], [0, 1])
 
 
-def test_queue_try_put_returns_false_when_full():
+def test_queue_try_put_lets_a_chunk_in_while_below_capacity_and_refuses_at_it():
     q = UnrollQueue(capacity=4)
     assert q.try_put(chunk([0, 1, 2]))
-    assert not q.try_put(chunk([3, 4]))  # 3 + 2 > 4
-    assert len(q) == 3
-    assert q.try_put(chunk([5]))  # exactly full
-    assert not q.try_put(chunk([6]))
-    np.testing.assert_array_equal(q.get(4, timeout=1)["id"], [0, 1, 2, 5])
-    # An oversize chunk is let into an empty queue (else it could never enter).
-    assert q.try_put(chunk(range(10, 16)))
-    assert len(q) == 6
+    assert q.try_put(chunk([3, 4]))  # 3 < 4 queued: in, one chunk past capacity
+    assert len(q) == 5
+    assert not q.try_put(chunk([5]))  # at or past capacity: full
+    np.testing.assert_array_equal(q.get(4, timeout=1)["id"], [0, 1, 2, 3])
+    assert q.try_put(chunk(range(10, 16)))  # a chunk bigger than the capacity, into a queue below it
+    assert len(q) == 7
 
 
 def test_queue_put_with_timeout_gives_up_when_full():
@@ -288,14 +286,14 @@ def test_queue_put_with_timeout_gives_up_when_full():
     assert len(q) == 2
 
 
-def test_queue_put_blocks_until_get_frees_room():
+def test_queue_put_blocks_until_get_takes_it_below_capacity():
     q = UnrollQueue(capacity=3)
-    q.put(chunk([0, 1, 2]))
+    q.put(chunk([0, 1, 2, 3]))
     result = {}
 
     def producer():
         try:
-            result["ok"] = q.put(chunk([3, 4]))
+            result["ok"] = q.put(chunk([4, 5]))
         except BaseException as e:  # pragma: no cover - reported below
             result["error"] = e
 
@@ -303,15 +301,32 @@ def test_queue_put_blocks_until_get_frees_room():
     thread.start()
     thread.join(0.3)
     assert thread.is_alive(), "put returned although the queue was full"
-    assert len(q) == 3
-    np.testing.assert_array_equal(q.get(1, timeout=1)["id"], [0])  # 2 + 2 > 3: still full
+    assert len(q) == 4
+    np.testing.assert_array_equal(q.get(1, timeout=1)["id"], [0])  # 3 queued: still full
     thread.join(0.3)
     assert thread.is_alive()
-    np.testing.assert_array_equal(q.get(1, timeout=1)["id"], [1])  # 1 + 2 <= 3: room
+    np.testing.assert_array_equal(q.get(1, timeout=1)["id"], [1])  # 2 < 3: room
     thread.join(JOIN_SECONDS)
     assert not thread.is_alive()
     assert result == {"ok": True}
-    np.testing.assert_array_equal(q.get(3, timeout=1)["id"], [2, 3, 4])
+    np.testing.assert_array_equal(q.get(4, timeout=1)["id"], [2, 3, 4, 5])
+
+
+def test_a_chunk_too_big_for_the_rest_never_starves_a_learner_waiting_for_its_batch():
+    """The learner takes 64 (a reuse pool of 4 batches of 16) from a queue of
+    64; 40 are queued and the next inference batch finished 32 unrolls at once.
+    Under a strict bound (40 + 32 > 64) the put waited for room and the get
+    for unrolls, for ever: a MinAtar run with `--server.queue-capacity-unrolls
+    64 --vtrace.reuse-pool 4` stopped training after 59k frames."""
+    q = UnrollQueue(capacity=64)
+    assert q.try_put(chunk(range(40)))
+    putter = threading.Thread(target=q.put, args=(chunk(range(40, 72)),), daemon=True)
+    putter.start()
+    batch = q.get(64, timeout=JOIN_SECONDS)
+    putter.join(JOIN_SECONDS)
+    assert batch is not None, "the learner's get starved"
+    np.testing.assert_array_equal(batch["id"], range(64))
+    assert not putter.is_alive() and len(q) == 8
 
 
 def test_queue_close_wakes_blocked_get():

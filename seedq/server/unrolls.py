@@ -18,7 +18,15 @@ class QueueClosed(Exception):
 
 
 class UnrollQueue:
-    """Bounded FIFO of unrolls, filled in chunks and drained in batches."""
+    """Bounded FIFO of unrolls, filled in chunks and drained in batches.
+
+    A chunk is let in while the queue holds fewer than `capacity` unrolls, so
+    it may end up to one chunk past `capacity`. A strict bound (let in only
+    what fits) could deadlock: with fewer unrolls queued than the learner's
+    batch and a chunk too big for the rest (one inference batch of many envs
+    finishes its unrolls at once), the learner waited for unrolls that the
+    inference loop waited to put. Any capacity >= the batch taken is safe.
+    """
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -40,18 +48,15 @@ class UnrollQueue:
         with self._cond:
             if self._closed:
                 raise QueueClosed()
-            if self._size and self._size + _count(chunk) > self.capacity:
+            if not self._has_room():
                 return False
             self._append(chunk)
             return True
 
     def put(self, chunk: dict[str, np.ndarray], timeout: float | None = None) -> bool:
-        """Blocks until there is room (an oversize chunk is let in when the queue is empty)."""
+        """Blocks until there is room."""
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._closed or not self._size or self._size + _count(chunk) <= self.capacity,
-                timeout,
-            )
+            ok = self._cond.wait_for(lambda: self._closed or self._has_room(), timeout)
             if self._closed:
                 raise QueueClosed()
             if ok:
@@ -93,6 +98,9 @@ class UnrollQueue:
             self._size = 0
             self._cond.notify_all()
         return chunks
+
+    def _has_room(self) -> bool:
+        return self._size < self.capacity
 
     def _append(self, chunk):
         self._chunks.append(chunk)
