@@ -764,6 +764,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from seedq import distributed
 
+        if getattr(args, "parent_pid", 0) and not distributed.is_supervised_child():
+            # The process `--parent-pid` started: a supervisor passes the SIGTERM on to its child.
+            from seedq import lifetime
+
+            lifetime.die_with_parent(args.parent_pid, signal.SIGTERM)
         if distributed.needs_supervisor(config.distributed):
             # A group's learner runs as a child: its lost-peer abort becomes one line.
             group = config.distributed
@@ -774,10 +779,6 @@ def main(argv: list[str] | None = None) -> int:
                 socket_path=address[5:] if address.startswith("unix:") else "",
             )
         distributed.die_with_supervisor()
-        if getattr(args, "parent_pid", 0):
-            from seedq import lifetime
-
-            lifetime.die_with_parent(args.parent_pid, signal.SIGTERM)
         from seedq import local
 
         try:

@@ -260,9 +260,14 @@ def die_with_supervisor() -> None:
         lifetime.die_with_parent(supervisor, signal.SIGKILL)
 
 
+def is_supervised_child() -> bool:
+    """Whether this process is the group member that `supervise` started."""
+    return bool(os.environ.get(SUPERVISED))
+
+
 def needs_supervisor(config: DistributedConfig) -> bool:
     """Whether this command's learner joins a group (so runs under `supervise`)."""
-    if os.environ.get(SUPERVISED):
+    if is_supervised_child():
         return False
     return config.explicit or (config.auto_detect and detected_environment() is not None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -371,5 +372,5 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
             time.sleep(0.1)
         outcomes[mode] = out.read_text() if out.exists() else "running"
         if not out.exists():
-            os.kill(child_pid, 9)
+            os.kill(child_pid, signal.SIGKILL)
     assert outcomes == {"ask": "SIGTERM", "do-not-ask": "running"}

@@ -193,6 +193,8 @@ def test_a_sigkilled_suite_leaves_no_run_training_on_its_own(tmp_path):
             time.sleep(0.5)
         left_running = _processes_mentioning(str(run_dir))
     finally:
+        if proc.poll() is None:
+            proc.kill()
         for pid in _processes_mentioning(str(run_dir)):  # a failing test leaves nothing running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
