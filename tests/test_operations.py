@@ -59,6 +59,21 @@ def newest_step(run: pathlib.Path) -> int:
     return max(steps, default=-1)
 
 
+def checkpointed_after_first_return(run: pathlib.Path, min_step: int) -> bool:
+    """A checkpoint of at least `min_step` train steps holds more frames than
+    the first `episode/return_mean` point TensorBoard has on disk."""
+    if newest_step(run) < min_step:
+        return False
+    returns = read_scalars(run).get("episode/return_mean")
+    if not returns:
+        return False
+    try:
+        meta, _ = checkpoint.read_meta(str(run))
+    except checkpoint.CheckpointError:
+        return False  # the newest one is still being written
+    return meta["counters"]["frames"] > returns[0][0]
+
+
 def assert_monotone_counters(run: pathlib.Path) -> dict:
     """TensorBoard steps (env frames) increase and counters never decrease."""
     scalars = read_scalars(run)
@@ -96,8 +111,12 @@ def sigkilled_run(tmp_path_factory):
         for i in range(2)
     ]
     try:
-        # Mid-run: trained for a while, far from the target (~2000 steps).
-        wait_for(lambda: newest_step(run) >= 150, 180, "a checkpoint after 150 train steps")
+        # Mid-run: trained for a while, far from the target (~2000 steps), and
+        # checkpointed after the first return was logged, so the killed segment
+        # has a curve for the resumed one to continue (150 steps can fit in the
+        # first logging second on a fast machine).
+        wait_for(lambda: checkpointed_after_first_return(run, min_step=150), 180,
+                 "a checkpoint after 150 train steps and the first logged return")
         first.send_signal(signal.SIGKILL)
         first.wait()
         killed_meta, killed_dir = checkpoint.read_meta(str(run))
