@@ -114,7 +114,20 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     planned = suite.run_config(TrainConfig(num_actors=1, envs_per_actor=4, eval_episodes=2), "CartPole-v1", 1,
                                2000, str(out))
     assert suite.resumable(planned)
-    assert not suite.resumable(dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=2)))
+    other = dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=planned.vtrace.reuse + 1))
+    assert not suite.resumable(other)
+    # Why it starts again is said, naming the setting.
+    assert suite.why_not_resumable(other) == (
+        f"ran with other settings (vtrace.reuse: {planned.vtrace.reuse} -> {planned.vtrace.reuse + 1})")
+
+
+@pytest.mark.unit
+def test_changed_settings_names_nested_keys_and_fields_one_side_lacks():
+    saved = {"env": "CartPole-v1", "vtrace": {"reuse": 4, "gone": 1}, "seed": 0}
+    current = {"env": "CartPole-v1", "vtrace": {"reuse": 8, "added": True}, "seed": 0}
+    assert suite.changed_settings(saved, current) == [
+        "vtrace.added: (absent) -> True", "vtrace.gone: 1 -> (absent)", "vtrace.reuse: 4 -> 8"]
+    assert suite.changed_settings(saved, saved) == []
 
 
 @pytest.mark.e2e

@@ -73,19 +73,41 @@ def finished(config: TrainConfig) -> bool:
 
 
 def resumable(config: TrainConfig) -> bool:
-    """Whether an unfinished earlier attempt at `config` (a stopped or killed
-    suite) left a checkpoint to continue from, and ran with this very config;
-    one started with other flags is started again."""
+    return why_not_resumable(config) is None
+
+
+def why_not_resumable(config: TrainConfig) -> str | None:
+    """None when an unfinished earlier attempt at `config` (a stopped or killed
+    suite) left a checkpoint to continue from and ran with this very config;
+    else why not, as a phrase ("ran with other settings: ..."). One started
+    with other flags, or by a seedq whose config has other fields, is started again."""
     from seedq import checkpoint
 
     saved = read_json(os.path.join(config.logdir, "config.json"))
-    if saved is None or saved != json.loads(json.dumps(to_dict(config))):  # JSON has no tuples
-        return False
+    if saved is None:
+        return "left no config.json"
+    changed = changed_settings(saved, json.loads(json.dumps(to_dict(config))))  # JSON has no tuples
+    if changed:
+        shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
+        return f"ran with other settings ({shown})"
     try:
         checkpoint.locate(config.logdir)
     except checkpoint.CheckpointError:
-        return False
-    return True
+        return "left no checkpoint"
+    return None
+
+
+def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """'key: saved -> current' for every dotted key whose value differs (or is in one only)."""
+    changes = []
+    for key in sorted(set(saved) | set(current)):
+        name = f"{prefix}{key}"
+        old, new = saved.get(key, "(absent)"), current.get(key, "(absent)")
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += changed_settings(old, new, f"{name}.")
+        elif old != new:
+            changes.append(f"{name}: {old} -> {new}")
+    return changes
 
 
 def random_return(env_id: str, episodes: int, options) -> float:
@@ -167,10 +189,12 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
             log(f"{what}: finished before, skipped")
             continue
         extra_args = ()
-        if resumable(config):
+        why_not = why_not_resumable(config)
+        if why_not is None:
             extra_args = ("--resume", config.logdir)
             log(f"{what}: continuing an unfinished earlier attempt from its checkpoint")
-        else:
+        elif os.path.exists(config.logdir):
+            log(f"{what}: an earlier attempt {why_not}; starting afresh")
             shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
         # The run's own output (seedq train --quiet: warnings, errors, its last lines) beside its directory.
         todo.append(compare.Job(compare.train_command(config, extra_args), config.logdir + ".log", what,
