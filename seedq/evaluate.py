@@ -242,7 +242,7 @@ def load_policy(
     ValueError) explains anything that does not fit, in one line."""
     meta, step_dir = checkpoint.read_meta(path)
     try:
-        config = config_lib.from_dict(TrainConfig, meta["config"])
+        config = config_lib.from_saved(meta["config"])
     except (KeyError, TypeError, ValueError) as e:
         raise checkpoint.CheckpointError(
             f"{step_dir}: its config (written by {checkpoint.written_by(meta)}) cannot be read here ({e})"

@@ -27,10 +27,11 @@ from seedq.learner.learner import make_agent
 pytestmark = pytest.mark.unit
 
 
-def _write_run(run: pathlib.Path, *, saved_hidden: tuple[int, ...], trained_hidden: tuple[int, ...]) -> str:
+def _write_run(run: pathlib.Path, *, saved_hidden: tuple[int, ...], trained_hidden: tuple[int, ...],
+               base: config_lib.TrainConfig | None = None) -> str:
     """A run directory whose checkpoint holds parameters of `trained_hidden` while
     its config (config.json and the checkpoint's meta) says `saved_hidden`."""
-    base = config_lib.defaults_for(False, 475.0)
+    base = base or config_lib.defaults_for(False, 475.0)
     trained = dataclasses.replace(base, env="CartPole-v1", vtrace=dataclasses.replace(
         base.vtrace, hidden_sizes=trained_hidden))
     saved = dataclasses.replace(trained, logdir=str(run), vtrace=dataclasses.replace(
@@ -108,3 +109,29 @@ def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(
     meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "format_version": 99}))
     with pytest.raises(checkpoint.CheckpointError, match=r"format 99 \(written by seedq .*\) is not the supported"):
         checkpoint.read_meta(str(run))
+
+
+def test_a_run_saved_before_layer_norm_existed_resumes_and_evaluates_without_it(tmp_path):
+    """config.json and the checkpoint's config of runs from before stop 24 have no
+    vtrace.layer_norm; they ran without LayerNorm, whatever today's default is."""
+    from seedq.evaluate import load_policy
+
+    run = tmp_path / "run"
+    base = config_lib.defaults_for(False, 475.0)
+    plain = dataclasses.replace(base, vtrace=dataclasses.replace(base.vtrace, layer_norm="none"))
+    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64), base=plain)
+    assert base.vtrace.layer_norm != "none"  # else this test would pass without FORMER_DEFAULTS
+    saved = json.loads((run / "config.json").read_text())
+    del saved["vtrace"]["layer_norm"]
+    (run / "config.json").write_text(json.dumps(saved))
+    meta_file = _meta_file(step_dir)
+    meta = json.loads(meta_file.read_text())
+    del meta["config"]["vtrace"]["layer_norm"]
+    meta_file.write_text(json.dumps(meta))
+
+    assert config_lib.load(str(run / "config.json")).vtrace.layer_norm == "none"
+    policy = load_policy(str(run))  # rebuilds the network from the checkpoint's config and restores it
+    assert policy.config.vtrace.layer_norm == "none"
+    # A config that names the field keeps it.
+    saved["vtrace"]["layer_norm"] = "first_layer"
+    assert config_lib.from_saved(saved).vtrace.layer_norm == "first_layer"

@@ -154,6 +154,20 @@ def test_small_image_network_is_chosen_for_minatar_frames_and_runs(precision):
 
 
 @pytest.mark.unit
+def test_layer_norm_reaches_the_mlp_torso_only_so_image_envs_keep_their_network():
+    """The LayerNorm default (all_layers, stop 37) changes the MLP envs' network;
+    MinAtar's and Atari's CNN agents get exactly the same parameters."""
+    def params(spec, mode):
+        return VTraceAgent(spec, VTraceConfig(layer_norm=mode)).init(jax.random.PRNGKey(0)).params
+
+    shapes = lambda tree: jax.tree_util.tree_map(jnp.shape, tree)
+    assert shapes(params(MINATAR, "all_layers")) == shapes(params(MINATAR, "none"))
+    same = jax.tree_util.tree_map(np.array_equal, params(MINATAR, "all_layers"), params(MINATAR, "none"))
+    assert all(jax.tree_util.tree_leaves(same))
+    assert shapes(params(CARTPOLE, "all_layers")) != shapes(params(CARTPOLE, "none"))
+
+
+@pytest.mark.unit
 def test_learning_health_metrics_measure_the_batch():
     agent = VTraceAgent(CARTPOLE, VTraceConfig())
     state = agent.init(jax.random.PRNGKey(0))
@@ -174,7 +188,7 @@ def test_learning_health_metrics_measure_the_batch():
 
 @pytest.mark.unit
 def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
-    """A torso with layer_norm (Box actions' default: all_layers) reads inputs 100x
+    """A torso with layer_norm (the default: all_layers) reads inputs 100x
     wider as it reads the originals, where the plain tanh torso saturates."""
     def saturation(config, scale):
         agent = VTraceAgent(SWINGUP, config)
@@ -184,7 +198,7 @@ def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
         # The first layer: the one that reads the inputs.
         return float(jax.jit(agent.loss)(state.params, batch)[1]["torso/saturation/MLPTorso_0/0"])
 
-    plain = VTraceConfig(shared_torso=False)
+    plain = VTraceConfig(shared_torso=False, layer_norm="none")
     assert saturation(plain, 100.0) > 0.9
     for mode in ("first_layer", "all_layers"):
         normed = VTraceConfig(shared_torso=False, layer_norm=mode)
