@@ -161,9 +161,9 @@ def test_layer_norm_reaches_the_mlp_torso_only_so_image_envs_keep_their_network(
         return VTraceAgent(spec, VTraceConfig(layer_norm=mode)).init(jax.random.PRNGKey(0)).params
 
     shapes = lambda tree: jax.tree_util.tree_map(jnp.shape, tree)
-    assert shapes(params(MINATAR, "all_layers")) == shapes(params(MINATAR, "none"))
-    same = jax.tree_util.tree_map(np.array_equal, params(MINATAR, "all_layers"), params(MINATAR, "none"))
-    assert all(jax.tree_util.tree_leaves(same))
+    with_norm, without = params(MINATAR, "all_layers"), params(MINATAR, "none")
+    assert shapes(with_norm) == shapes(without)
+    assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.array_equal, with_norm, without)))
     assert shapes(params(CARTPOLE, "all_layers")) != shapes(params(CARTPOLE, "none"))
 
 
