@@ -226,6 +226,15 @@ def locate(path: str) -> tuple[str, int]:
     return root, steps[-1]
 
 
+def has_checkpoint(path: str) -> bool:
+    """Whether `locate(path)` finds a checkpoint (a run to resume)."""
+    try:
+        locate(path)
+    except CheckpointError:
+        return False
+    return True
+
+
 def _reader(root: str):
     import orbax.checkpoint as ocp
 

@@ -101,16 +101,6 @@ def _saved_config(run_dir: str, flag: str) -> TrainConfig:
         raise FileNotFoundError(f"{flag} {run_dir}: config.json cannot be read ({e})") from None
 
 
-def _has_checkpoint(run_dir: str) -> bool:
-    from seedq import checkpoint
-
-    try:
-        checkpoint.locate(run_dir)
-    except checkpoint.CheckpointError:
-        return False
-    return True
-
-
 def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
     """The config of `seedq train|learner` and the run directory to resume (None: a fresh run).
 
@@ -134,7 +124,9 @@ def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
         run_dir = args.logdir or data.get("logdir") or ""
         if not run_dir:
             raise ValueError("--resume auto needs the run directory: give --logdir DIR (or logdir in --config)")
-        resume = run_dir if _has_checkpoint(run_dir) else None
+        from seedq import checkpoint
+
+        resume = run_dir if checkpoint.has_checkpoint(run_dir) else None
         if resume is None:
             args.logdir = run_dir  # a fresh run, in that directory
     if resume is None:

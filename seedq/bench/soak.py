@@ -50,6 +50,12 @@ SETTLE_SECONDS = 2.0
 RETURN_WINDOW = 100  # the learner's default return_window: "the 100-episode mean"
 
 
+def _has_checkpoint(run_dir: str) -> bool:
+    from seedq import checkpoint  # (jax: imported only once a soak runs)
+
+    return checkpoint.has_checkpoint(run_dir)
+
+
 class SoakError(RuntimeError):
     """The soak could not run (a process failed); one line, logs named."""
 
@@ -362,7 +368,7 @@ class Soak:
                 self._track_resume(stats, now)
                 if self.rss_start is None and self._rss_due(now, rss_at):
                     self.rss_start, self.rss_start_at = self._rss(), now
-                if learner_kill_pending and now >= c.kill_learner_at and self._has_checkpoint():
+                if learner_kill_pending and now >= c.kill_learner_at and _has_checkpoint(self.run_dir):
                     learner_kill_pending = False
                     self._kill_learner(stats)
                     stats = None
@@ -401,15 +407,6 @@ class Soak:
             return now >= rss_at
         first = self.resume["first_step_at"]
         return first is not None and now >= max(rss_at, first + rss_at)
-
-    def _has_checkpoint(self) -> bool:
-        from seedq import checkpoint
-
-        try:
-            checkpoint.locate(self.run_dir)
-        except checkpoint.CheckpointError:
-            return False
-        return True
 
     def _track_resume(self, stats: dict, now: float) -> None:
         r = self.resume

@@ -90,11 +90,7 @@ def why_not_resumable(config: TrainConfig) -> str | None:
     if changed:
         shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
         return f"ran with other settings ({shown})"
-    try:
-        checkpoint.locate(config.logdir)
-    except checkpoint.CheckpointError:
-        return "left no checkpoint"
-    return None
+    return None if checkpoint.has_checkpoint(config.logdir) else "left no checkpoint"
 
 
 def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
