@@ -111,27 +111,31 @@ def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(
         checkpoint.read_meta(str(run))
 
 
-def test_a_run_saved_before_layer_norm_existed_resumes_and_evaluates_without_it(tmp_path):
-    """config.json and the checkpoint's config of runs from before stop 24 have no
-    vtrace.layer_norm; they ran without LayerNorm, whatever today's default is."""
+@pytest.mark.parametrize("field, former, named", [
+    ("layer_norm", "none", "first_layer"),  # before stop 24: no LayerNorm
+    ("anneal_entropy_cost", False, True),  # before stop 38: a constant entropy bonus
+])
+def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_path, field, former, named):
+    """config.json and the checkpoint's config of older runs lack the field; they
+    ran with its former value (config.FORMER_DEFAULTS), whatever today's default is."""
     from seedq.evaluate import load_policy
 
     run = tmp_path / "run"
     base = config_lib.defaults_for(False, 475.0)
-    plain = dataclasses.replace(base, vtrace=dataclasses.replace(base.vtrace, layer_norm="none"))
-    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64), base=plain)
-    assert base.vtrace.layer_norm != "none"  # else this test would pass without FORMER_DEFAULTS
+    as_ran = dataclasses.replace(base, vtrace=dataclasses.replace(base.vtrace, **{field: former}))
+    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64), base=as_ran)
+    assert getattr(base.vtrace, field) != former  # else this test would pass without FORMER_DEFAULTS
     saved = json.loads((run / "config.json").read_text())
-    del saved["vtrace"]["layer_norm"]
+    del saved["vtrace"][field]
     (run / "config.json").write_text(json.dumps(saved))
     meta_file = _meta_file(step_dir)
     meta = json.loads(meta_file.read_text())
-    del meta["config"]["vtrace"]["layer_norm"]
+    del meta["config"]["vtrace"][field]
     meta_file.write_text(json.dumps(meta))
 
-    assert config_lib.load(str(run / "config.json")).vtrace.layer_norm == "none"
+    assert getattr(config_lib.load(str(run / "config.json")).vtrace, field) == former
     policy = load_policy(str(run))  # rebuilds the network from the checkpoint's config and restores it
-    assert policy.config.vtrace.layer_norm == "none"
+    assert getattr(policy.config.vtrace, field) == former
     # A config that names the field keeps it.
-    saved["vtrace"]["layer_norm"] = "first_layer"
-    assert config_lib.from_saved(saved).vtrace.layer_norm == "first_layer"
+    saved["vtrace"][field] = named
+    assert getattr(config_lib.from_saved(saved).vtrace, field) == named

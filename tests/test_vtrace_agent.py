@@ -469,6 +469,30 @@ def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("anneal", [False, True])
+def test_the_entropy_bonus_anneals_with_the_learning_rate_when_asked(anneal):
+    """At train step s the loss is step 0's less (c_0 - c_s) x the entropy term,
+    c_s falling to 0 with the learning rate (constant without the anneal), and
+    `update` passes the state's step."""
+    config = VTraceConfig(entropy_cost=0.02, learning_rate_decay_frames=1000 * 16 * 10, reuse=1,
+                          anneal_entropy_cost=anneal)
+    agent = VTraceAgent(CARTPOLE, config)
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    loss = jax.jit(agent.loss)
+    start_total, start = loss(state.params, batch, 0)
+    for step, annealed_cost in [(500, 0.01), (1000, 0.0), (5000, 0.0)]:
+        total, metrics = loss(state.params, batch, step)
+        cost = annealed_cost if anneal else 0.02
+        assert float(metrics["loss/entropy_cost"]) == pytest.approx(cost, rel=1e-6, abs=1e-9)
+        assert float(metrics["loss/entropy"]) == pytest.approx(float(start["loss/entropy"]), rel=1e-6)
+        assert float(total) == pytest.approx(
+            float(start_total) - (0.02 - cost) * float(start["loss/entropy"]), rel=1e-5, abs=1e-7)
+    _, metrics = jax.jit(agent.update)(state._replace(step=jnp.asarray(500)), batch)
+    assert float(metrics["loss/entropy_cost"]) == pytest.approx(0.01 if anneal else 0.02, rel=1e-6)
+
+
+@pytest.mark.unit
 def test_masked_batch_statistics_merge_like_numpy():
     from seedq.agents import normalization
 

@@ -47,12 +47,25 @@ STATISTICS = ("obs_stats", "return_stats")
 RETURN_BATCH = "_return_batch"
 
 
+def _frames_per_step(config: VTraceConfig) -> float:
+    """New env frames per train step: batch_size x unroll_length, each batch
+    counted once however often `reuse` trains on it."""
+    return config.batch_size * config.unroll_length / config.reuse
+
+
 def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
-    """Learning rate by train step (`schedules.annealed_learning_rate`): a step
-    trains on batch_size x unroll_length frames, each batch counted once however
-    often `reuse` trains on it."""
-    frames_per_step = config.batch_size * config.unroll_length / config.reuse
-    return schedules.annealed_learning_rate(config.learning_rate, config.learning_rate_decay_frames, frames_per_step)
+    """Learning rate by train step (`schedules.annealed_learning_rate`)."""
+    return schedules.annealed_learning_rate(
+        config.learning_rate, config.learning_rate_decay_frames, _frames_per_step(config))
+
+
+def entropy_cost_schedule(config: VTraceConfig) -> optax.Schedule:
+    """The entropy bonus's coefficient by train step: constant, or falling to 0
+    with the learning rate (`anneal_entropy_cost`, the same horizon)."""
+    if not config.anneal_entropy_cost:
+        return optax.constant_schedule(config.entropy_cost)
+    return schedules.annealed_learning_rate(
+        config.entropy_cost, config.learning_rate_decay_frames, _frames_per_step(config))
 
 
 class VTraceAgent:
@@ -102,6 +115,7 @@ class VTraceAgent:
             action_high=tuple(spec.action_high),
         )
         self.learning_rate = learning_rate_schedule(config)
+        self.entropy_cost = entropy_cost_schedule(config)
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             # A constant rate stays a float: its optimiser state (and so every
@@ -202,8 +216,9 @@ class VTraceAgent:
         torsos = sown.get("intermediates", {})
         return dist, values, {name: sown_layers["activations"] for name, sown_layers in torsos.items()}
 
-    def loss(self, params, batch: dict[str, jax.Array]):
-        """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...]."""
+    def loss(self, params, batch: dict[str, jax.Array], step: jax.Array | int = 0):
+        """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...] at
+        train step `step` (which sets an annealed entropy bonus)."""
         cfg = self.config
         tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
         tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
@@ -251,12 +266,14 @@ class VTraceAgent:
             pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
         baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
         entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
-        total = pg_loss + cfg.baseline_cost * baseline_loss + cfg.entropy_cost * entropy_loss
+        entropy_cost = self.entropy_cost(step)
+        total = pg_loss + cfg.baseline_cost * baseline_loss + entropy_cost * entropy_loss
         metrics = {
             "loss/total": total,
             "loss/policy": pg_loss,
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy_loss,
+            "loss/entropy_cost": entropy_cost,
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
@@ -300,7 +317,7 @@ class VTraceAgent:
         return out
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
-        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch)
+        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch, state.step)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         if self.normalize:  # the statistics get no gradient; they are merged here
