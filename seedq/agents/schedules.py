@@ -1,4 +1,5 @@
-"""The learning-rate anneal both agents use (optax schedules by train step)."""
+"""The linear anneal both agents use for the learning rate, and V-trace also for
+its entropy bonus (optax schedules by train step)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from seedq.config import DEFAULT_DECAY_FRAMES
 
 
 def annealed_learning_rate(learning_rate: float, decay_frames: int, frames_per_step: float) -> optax.Schedule:
-    """Constant (`decay_frames` 0), or linear from `learning_rate` to 0 over
+    """Constant (`decay_frames` 0), or linear from `learning_rate` (or a
+    coefficient annealed alongside it) to 0 over
     `decay_frames` env frames, then 0, at `frames_per_step` new frames per train step.
 
     -1 (the run's budget) is resolved by `seedq.config.agent_config_for_run` when
