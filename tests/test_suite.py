@@ -108,6 +108,8 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     continued = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
     assert continued.returncode == 0, continued.stdout + continued.stderr
     assert "[2/2] CartPole-v1 seed 1: continuing an unfinished earlier attempt" in continued.stdout
+    # Its progress line names the budget as the point it trains on to, not as frames still to come.
+    assert "[2/2] CartPole-v1 seed 1: training on to 2,000 frames" in continued.stdout
     assert "[1/2] CartPole-v1 seed 0: finished before, skipped" in continued.stdout
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from"]
     assert [r["seed"] for r in csv.DictReader(open(out / "results.csv"))] == ["0", "1"]

@@ -179,6 +179,7 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
     randoms = random_returns(envs, out, random_episodes, lambda e: base_for(e).env_options, log)
     suite_started = time.monotonic()
     todo = []
+    resumed: set[str] = set()
     for n, config in enumerate(plan, 1):
         what = f"[{n}/{len(plan)}] {config.env} seed {config.seed}"
         if finished(config):
@@ -188,7 +189,10 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         why_not = why_not_resumable(config)
         if why_not is None:
             extra_args = ("--resume", config.logdir)
-            log(f"{what}: continuing an unfinished earlier attempt from its checkpoint")
+            stats = read_json(os.path.join(config.logdir, "stats.json")) or {}
+            so_far = f" (about {stats['frames']:,} frames in)" if isinstance(stats.get("frames"), int) else ""
+            log(f"{what}: continuing an unfinished earlier attempt from its checkpoint{so_far}")
+            resumed.add(what)
         elif os.path.exists(config.logdir):
             log(f"{what}: an earlier attempt {why_not}; starting afresh")
             shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
@@ -199,7 +203,8 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
 
     def started(job: compare.Job) -> None:
         started_at[job.what] = time.monotonic()
-        log(f"{job.what}: training {job.payload.max_frames:,} frames "
+        verb = "training on to" if job.what in resumed else "training"  # the budget, not what is left
+        log(f"{job.what}: {verb} {job.payload.max_frames:,} frames "
             f"({time.monotonic() - suite_started:.0f}s into the suite)")
 
     def ended(job: compare.Job) -> None:
