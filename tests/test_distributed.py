@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from seedq.distributed import DEAD_PEER_EXIT_CODE, dead_peer_line, dead_processes
-from seedq.config import DistributedConfig, TrainConfig
+from seedq.config import DistributedConfig, TrainConfig, VTraceConfig
 
 FORCED = "--xla_force_host_platform_device_count=4"
 TOLERANCE = 1e-5
@@ -68,7 +68,8 @@ def test_a_half_given_group_is_one_line(given, error):
 
 @pytest.mark.unit
 def test_a_group_size_that_does_not_divide_the_batch_is_refused():
-    config = TrainConfig(distributed=DistributedConfig(coordinator="h:1", num_processes=3, process_id=0))
+    config = TrainConfig(vtrace=VTraceConfig(batch_size=16),
+                         distributed=DistributedConfig(coordinator="h:1", num_processes=3, process_id=0))
     with pytest.raises(ValueError, match="num_processes=3 does not divide the training batch vtrace.batch_size=16"):
         config.validate()
 

@@ -118,7 +118,7 @@ def test_config_refuses_a_training_count_that_does_not_divide_the_agents_batch()
 def test_the_flags_exist_and_a_bad_split_is_one_line_on_the_command_line(capsys):
     assert cli.main(["train", "--devices.inference", "2", "--devices.training", "4", "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out)["devices"] == {"inference": 2, "training": 4}
-    assert cli.main(["train", "--devices.training", "3", "--print-config"]) == 2
+    assert cli.main(["train", "--devices.training", "3", "--vtrace.batch-size", "16", "--print-config"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "devices.training=3" in err and "vtrace.batch_size=16" in err
 
