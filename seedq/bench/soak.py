@@ -304,21 +304,37 @@ class Soak:
         self.actor_kills += 1
         return True
 
-    def _kill_learner(self, stats: dict) -> None:
+    def _kill_learner(self, stats: dict) -> bool:
+        """SIGKILLs the learner and resumes it from its checkpoint; False (it
+        runs on) while its last stats.json write counts no frames beyond that
+        checkpoint, so that what the kill loses can be measured."""
         from seedq import checkpoint
 
         killed_pid = self.learner.pid
+        # Frozen first: the stats.json and the checkpoint read below are then
+        # the ones it dies with (a checkpoint written between reading them and
+        # the kill made the frames lost come out negative).
+        self.learner.send_signal(signal.SIGSTOP)
+        try:
+            last = self.last_by_pid.get(killed_pid, stats)
+            on_disk = read_stats(self.stats_path)  # its very last write, if newer than our last read
+            newer = on_disk is not None and on_disk["pid"] == killed_pid and on_disk["time"] > last["time"]
+            if newer:
+                last = on_disk
+            meta, step_dir = checkpoint.read_meta(self.run_dir)
+            if last["frames"] <= meta["counters"]["frames"]:  # its last report predates that checkpoint
+                self.learner.send_signal(signal.SIGCONT)
+                return False
+        except BaseException:
+            self.learner.send_signal(signal.SIGCONT)
+            raise
         self.learner.send_signal(signal.SIGKILL)
         self.learner.wait()
         killed_at = self.soak_seconds()
         self.learner_kills += 1
-        last = self.last_by_pid.get(killed_pid, stats)
-        on_disk = read_stats(self.stats_path)  # its very last write, if newer than our last read
-        if on_disk is not None and on_disk["pid"] == killed_pid and on_disk["time"] > last["time"]:
-            last = on_disk
+        if newer:
             self.last_by_pid[killed_pid] = on_disk
             self.max_gap_by_pid[killed_pid] = on_disk["max_train_step_gap_seconds"]
-        meta, step_dir = checkpoint.read_meta(self.run_dir)
         for actor in self.actors:
             actor.started_before_learner_kill = True
         self.log(f"[{killed_at:6.1f}s] SIGKILLed the learner (pid {killed_pid}); resuming from {step_dir}")
@@ -331,6 +347,7 @@ class Soak:
         }
         if self.rss_start is not None:  # re-based: measured on the resumed process
             self.rss_start = self.rss_start_at = None
+        return True
 
     # --- the run ---
 
@@ -356,6 +373,7 @@ class Soak:
             self.log(f"training started; soaking for {c.seconds:g}s")
             next_kill = c.kill_every or float("inf")
             learner_kill_pending = c.kill_learner_at is not None
+            next_learner_try = c.kill_learner_at
             rss_at = min(c.rss_start_seconds, c.seconds / 2)
             stats = None
             while self.soak_seconds() < c.seconds or self._resumed_learner_starting():
@@ -368,11 +386,12 @@ class Soak:
                 self._track_resume(stats, now)
                 if self.rss_start is None and self._rss_due(now, rss_at):
                     self.rss_start, self.rss_start_at = self._rss(), now
-                if learner_kill_pending and now >= c.kill_learner_at and _has_checkpoint(self.run_dir):
-                    learner_kill_pending = False
-                    self._kill_learner(stats)
-                    stats = None
-                    continue
+                if learner_kill_pending and now >= next_learner_try and _has_checkpoint(self.run_dir):
+                    if self._kill_learner(stats):
+                        learner_kill_pending = False
+                        stats = None
+                        continue
+                    next_learner_try = now + 0.2  # after its next stats.json write (every second)
                 if now >= next_kill and now < c.seconds - SETTLE_SECONDS:
                     if self._kill_an_actor(stats):
                         # No catching up after a deferral (e.g. a learner restart).
