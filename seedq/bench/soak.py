@@ -306,8 +306,9 @@ class Soak:
 
     def _kill_learner(self, stats: dict) -> bool:
         """SIGKILLs the learner and resumes it from its checkpoint; False (it
-        runs on) while its last stats.json write counts no frames beyond that
-        checkpoint, so that what the kill loses can be measured."""
+        runs on, to be tried on its next stats.json write) while its last write
+        counts no frames beyond that checkpoint, so that what the kill loses
+        can be measured."""
         from seedq import checkpoint
 
         killed_pid = self.learner.pid
@@ -373,7 +374,7 @@ class Soak:
             self.log(f"training started; soaking for {c.seconds:g}s")
             next_kill = c.kill_every or float("inf")
             learner_kill_pending = c.kill_learner_at is not None
-            next_learner_try = c.kill_learner_at
+            last_refused_report = None  # stats.json "time" of a report the learner kill waited past
             rss_at = min(c.rss_start_seconds, c.seconds / 2)
             stats = None
             while self.soak_seconds() < c.seconds or self._resumed_learner_starting():
@@ -386,12 +387,14 @@ class Soak:
                 self._track_resume(stats, now)
                 if self.rss_start is None and self._rss_due(now, rss_at):
                     self.rss_start, self.rss_start_at = self._rss(), now
-                if learner_kill_pending and now >= next_learner_try and _has_checkpoint(self.run_dir):
+                # Tried again only on a newer report: nothing else can put one past the checkpoint.
+                if (learner_kill_pending and now >= c.kill_learner_at and stats["time"] != last_refused_report
+                        and _has_checkpoint(self.run_dir)):
                     if self._kill_learner(stats):
                         learner_kill_pending = False
                         stats = None
                         continue
-                    next_learner_try = now + 0.2  # after its next stats.json write (every second)
+                    last_refused_report = stats["time"]
                 if now >= next_kill and now < c.seconds - SETTLE_SECONDS:
                     if self._kill_an_actor(stats):
                         # No catching up after a deferral (e.g. a learner restart).
