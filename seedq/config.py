@@ -198,6 +198,13 @@ class VTraceConfig:
     # needs ~0.35M frames, 32x20 did not solve within 1.5M).
     unroll_length: int = 10
     batch_size: int = 16  # unrolls per train step
+    # > 0: every unroll carries this many more steps, whose rewards and values
+    # lengthen V-trace's targets for the unroll_length trained steps (they are
+    # trained on in the next unrolls). A return that reaches further back than
+    # the unroll without longer unrolls: the same updates per frame and
+    # unrolls per batch, at (unroll_length + lookahead) / unroll_length times
+    # the learner's compute per update and the policy lag of the longer unroll.
+    lookahead: int = 0
     discount: float = 0.99
     lambda_: float = 1.0
     clip_rho_threshold: float = 1.0
@@ -655,6 +662,7 @@ class TrainConfig:
         if self.checkpoints_to_keep <= 0:
             raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep}: must be > 0")
         non_negative = {
+            "vtrace.lookahead": self.vtrace.lookahead,
             "min_actors": self.min_actors,
             "checkpoint_every_seconds": self.checkpoint_every_seconds,
             "checkpoint_every_steps": self.checkpoint_every_steps,

@@ -671,3 +671,54 @@ def test_clipped_surrogate_gives_vtraces_gradient_on_policy_and_differs_once_the
     diff = leaves(policy_grads(0.2, moved, batch)) - leaves(policy_grads(0.0, moved, batch))
     assert np.abs(diff).max() > 1e-4
     assert 0.0 < float(clip_agent.loss(moved, batch)[1]["policy/clip_fraction"]) <= 1.0
+
+
+@pytest.mark.unit
+def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only():
+    """With lookahead L an unroll carries T + L + 1 steps: V-trace's targets for
+    its first T steps are rlax's over all T + L, and only those T steps are
+    trained on (the next unroll, overlapping by L + 1 steps, trains on the rest)."""
+    import rlax
+
+    T, L, B = 4, 6, 5
+    config = VTraceConfig(unroll_length=T, lookahead=L)
+    agent = VTraceAgent(CARTPOLE, config)
+    spec = agent.sequence_spec()
+    assert (spec.length, spec.overlap) == (T + L + 1, L + 1)  # T new steps per unroll
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=T + L + 1, n=B)
+    batch["terminated"][:, 7] = True  # an episode end inside the lookahead cuts the trace there
+    leaves, tree = jax.tree.flatten(state.params)
+    noise = np.random.default_rng(1)
+    params = jax.tree.unflatten(tree, [x + 0.3 * noise.normal(size=x.shape) for x in leaves])
+    _, metrics = jax.jit(agent.loss)(params, batch)
+
+    dist, values, _ = agent._unroll_network(params, batch)
+    tm = {k: np.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action", "logits")}
+    log_pi = jax.nn.log_softmax(dist["logits"][:-1])
+    log_mu = jax.nn.log_softmax(tm["logits"][:-1])
+    pick = lambda logp: np.take_along_axis(np.asarray(logp), tm["action"][:-1, :, None], -1)[..., 0]
+    valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1])
+    rho = np.exp(pick(log_pi) - pick(log_mu)) * valid
+    out = jax.vmap(
+        lambda v_tm1, v_t, r, d, p: rlax.vtrace_td_error_and_advantage(v_tm1, v_t, r, d, p, lambda_=1.0),
+        in_axes=1, out_axes=1,
+    )(values[:-1], values[1:], tm["reward"][1:] * config.reward_scale,
+      config.discount * (1.0 - tm["terminated"][1:]), rho)
+    targets = np.asarray(out.errors + values[:-1])
+    want = 0.5 * np.mean(valid[:T] * (targets[:T] - np.asarray(values[:T])) ** 2)
+    np.testing.assert_allclose(float(metrics["loss/baseline"]), want, rtol=1e-4)
+
+    # Without the lookahead the same T steps have targets cut at step T: the
+    # lookahead changed them; the trained steps' entropy is the same.
+    short = VTraceAgent(CARTPOLE, dataclasses.replace(config, lookahead=0))
+    _, short_metrics = jax.jit(short.loss)(params, {k: v[:, : T + 1] for k, v in batch.items() if v.ndim > 1}
+                                           | {k: v for k, v in batch.items() if k.startswith("core/")})
+    assert abs(float(short_metrics["loss/baseline"]) - want) > 1e-3 * want
+    np.testing.assert_allclose(float(metrics["loss/entropy"]), float(short_metrics["loss/entropy"]), rtol=1e-5)
+
+
+@pytest.mark.unit
+def test_a_negative_lookahead_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^vtrace.lookahead=-1: must be >= 0$"):
+        TrainConfig(vtrace=VTraceConfig(lookahead=-1)).validate()

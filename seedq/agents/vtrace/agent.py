@@ -146,7 +146,11 @@ class VTraceAgent:
 
     def sequence_spec(self) -> SequenceSpec:
         # T transitions plus the bootstrap observation, shared with the next unroll.
-        return SequenceSpec(length=self.config.unroll_length + 1, overlap=1)
+        # With a lookahead, each unroll carries `lookahead` more steps, used only
+        # for the targets; consecutive unrolls share them, and the trained steps
+        # still come once each.
+        lookahead = self.config.lookahead
+        return SequenceSpec(length=self.config.unroll_length + lookahead + 1, overlap=lookahead + 1)
 
     def act_outputs(self) -> dict[str, StepFieldSpec]:
         """The behaviour policy's distribution parameters, recorded per step."""
@@ -218,7 +222,10 @@ class VTraceAgent:
 
     def loss(self, params, batch: dict[str, jax.Array], step: jax.Array | int = 0):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...] at
-        train step `step` (which sets an annealed entropy bonus)."""
+        train step `step` (which sets an annealed entropy bonus).
+
+        T is unroll_length + lookahead: V-trace runs over all T steps, and the
+        losses and metrics cover the first unroll_length of them."""
         cfg = self.config
         tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
         tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
@@ -257,6 +264,15 @@ class VTraceAgent:
         )
         # The clipped surrogate applies its own ratio; V-trace's gradient, its clipped weight.
         advantages = vt.advantages if cfg.ppo_clip else vt.pg_advantages
+        if cfg.lookahead:
+            # The lookahead's steps only lengthened the targets above; the next
+            # unrolls train on them.
+            trained = slice(0, cfg.unroll_length)
+            advantages, valid, rhos = advantages[trained], valid[trained], rhos[trained]
+            target_logp, behaviour_logp = target_logp[trained], behaviour_logp[trained]
+            target_dist = {k: v[trained] for k, v in target_dist.items()}
+            values = values[: cfg.unroll_length + 1]  # values[:-1]: the trained steps'
+            vt = vt._replace(targets=vt.targets[trained], pg_advantages=vt.pg_advantages[trained])
         if cfg.normalize_advantages:
             advantages = losses.standardize(advantages, valid)
         if cfg.ppo_clip:
@@ -321,7 +337,8 @@ class VTraceAgent:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         if self.normalize:  # the statistics get no gradient; they are merged here
-            obs = batch["obs"].reshape(-1, int(np.prod(self.spec.obs_shape)))
+            # The lookahead's steps are counted with the unrolls that train on them.
+            obs = batch["obs"][:, : self.config.unroll_length + 1].reshape(-1, int(np.prod(self.spec.obs_shape)))
             stats = normalization.update_stats(self._split(state.params)[1], obs)
             params = {**params, "obs_stats": stats._asdict()}
         if self.config.normalize_returns:
