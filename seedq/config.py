@@ -200,11 +200,17 @@ class VTraceConfig:
     batch_size: int = 16  # unrolls per train step
     # > 0: every unroll carries this many more steps, whose rewards and values
     # lengthen V-trace's targets for the unroll_length trained steps (they are
-    # trained on in the next unrolls). A return that reaches further back than
-    # the unroll without longer unrolls: the same updates per frame and
+    # trained on in the next unrolls): returns that reach past the unroll's
+    # end without longer unrolls, at the same updates per frame and
     # unrolls per batch, at (unroll_length + lookahead) / unroll_length times
     # the learner's compute per update and the policy lag of the longer unroll.
     lookahead: int = 0
+    # true: the targets' reach past the unroll grows from 0 to `lookahead`
+    # steps as the learning rate anneals (the same horizon; the whole
+    # lookahead when the rate is constant): short returns while the policy
+    # learns fast, long ones as it settles. The learner's compute per update is
+    # that of the whole lookahead from the start.
+    grow_lookahead: bool = False
     discount: float = 0.99
     lambda_: float = 1.0
     clip_rho_threshold: float = 1.0

@@ -722,3 +722,37 @@ def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only(
 def test_a_negative_lookahead_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^vtrace.lookahead=-1: must be >= 0$"):
         TrainConfig(vtrace=VTraceConfig(lookahead=-1)).validate()
+
+
+@pytest.mark.unit
+def test_a_growing_lookahead_starts_at_the_unroll_and_reaches_the_whole_lookahead_with_the_anneal():
+    """With grow_lookahead the targets reach no further than the unroll at step
+    0 (the loss of the same steps without a lookahead), half way at half the
+    anneal's horizon, and the whole lookahead once it is over."""
+    T, L, B = 4, 6, 5
+    frames_per_step = 16 * T / 4  # batch 16, reuse 4
+    config = VTraceConfig(unroll_length=T, lookahead=L, grow_lookahead=True,
+                          learning_rate_decay_frames=int(1000 * frames_per_step))
+    agent = VTraceAgent(CARTPOLE, config)
+    full = VTraceAgent(CARTPOLE, dataclasses.replace(config, grow_lookahead=False))
+    reach = lambda k: VTraceAgent(CARTPOLE, dataclasses.replace(config, lookahead=k, grow_lookahead=False))
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=T + L + 1, n=B)
+    leaves, tree = jax.tree.flatten(state.params)
+    noise = np.random.default_rng(1)
+    params = jax.tree.unflatten(tree, [x + 0.3 * noise.normal(size=x.shape) for x in leaves])
+    head = lambda k: {name: v[:, : T + k + 1] if v.ndim > 1 and not name.startswith("core/") else v
+                      for name, v in batch.items()}
+
+    def baseline(a, b, step):
+        return float(jax.jit(a.loss)(params, b, step)[1]["loss/baseline"])
+
+    for step, k in [(0, 0), (500, 3), (1000, L), (5000, L)]:
+        _, metrics = jax.jit(agent.loss)(params, batch, step)
+        assert float(metrics["vtrace/lookahead"]) == k
+        # The targets of a lookahead of k steps are those of an unroll cut k steps past the trained ones.
+        np.testing.assert_allclose(baseline(agent, batch, step), baseline(reach(k), head(k), step), rtol=1e-5)
+    assert abs(baseline(agent, batch, 0) - baseline(full, batch, 0)) > 1e-3 * baseline(full, batch, 0)
+    # A constant learning rate has nothing to grow with: the whole lookahead from the start.
+    constant = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=0))
+    np.testing.assert_allclose(baseline(constant, batch, 0), baseline(full, batch, 0), rtol=1e-5)

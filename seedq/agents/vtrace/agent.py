@@ -68,6 +68,17 @@ def entropy_cost_schedule(config: VTraceConfig) -> optax.Schedule:
         config.entropy_cost, config.learning_rate_decay_frames, _frames_per_step(config))
 
 
+def lookahead_schedule(config: VTraceConfig) -> optax.Schedule:
+    """How many lookahead steps the targets use, by train step: all of them, or
+    (`grow_lookahead`) a reach rising from 0 to `lookahead` as the learning rate
+    falls (the same horizon; all of them when the rate is constant)."""
+    if not config.grow_lookahead or not config.learning_rate_decay_frames:
+        return optax.constant_schedule(float(config.lookahead))
+    falling = schedules.annealed_learning_rate(
+        float(config.lookahead), config.learning_rate_decay_frames, _frames_per_step(config))
+    return lambda step: config.lookahead - falling(step)
+
+
 class VTraceAgent:
     """Plugs V-trace into the learner through `seedq.agents.base.Agent`.
 
@@ -116,6 +127,7 @@ class VTraceAgent:
         )
         self.learning_rate = learning_rate_schedule(config)
         self.entropy_cost = entropy_cost_schedule(config)
+        self.lookahead = lookahead_schedule(config)
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             # A constant rate stays a float: its optimiser state (and so every
@@ -252,13 +264,20 @@ class VTraceAgent:
         # (and a clipped log-ratio keeps exp() finite for far-off Gaussian samples).
         rhos = jnp.exp(jnp.minimum(target_logp - behaviour_logp, 20.0)) * valid
 
+        lambda_ = cfg.lambda_
+        if cfg.grow_lookahead:
+            # The targets reach `reach` steps past the trained ones: the trace is
+            # cut (lambda 0) there, so they bootstrap from that step's value.
+            reach = jnp.floor(self.lookahead(step)).astype(jnp.int32)
+            cut = jnp.arange(rhos.shape[0])[:, None] == cfg.unroll_length - 1 + reach
+            lambda_ = jnp.where(cut, 0.0, jnp.full(rhos.shape, cfg.lambda_, rhos.dtype))
         vt = losses.vtrace(
             v_tm1=values[:-1],
             v_t=values[1:],
             r_t=rewards,
             discount_t=discounts,
             rho_tm1=rhos,
-            lambda_=cfg.lambda_,
+            lambda_=lambda_,
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
@@ -290,6 +309,7 @@ class VTraceAgent:
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy_loss,
             "loss/entropy_cost": entropy_cost,
+            "vtrace/lookahead": jnp.floor(self.lookahead(step)),
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
