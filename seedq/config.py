@@ -201,9 +201,10 @@ class VTraceConfig:
     # > 0: every unroll carries this many more steps, whose rewards and values
     # lengthen V-trace's targets for the unroll_length trained steps (they are
     # trained on in the next unrolls): returns that reach past the unroll's
-    # end without longer unrolls, at the same updates per frame and
-    # unrolls per batch, at (unroll_length + lookahead) / unroll_length times
-    # the learner's compute per update and the policy lag of the longer unroll.
+    # end without longer unrolls. The updates per frame and unrolls per batch
+    # stay; the learner's network passes cover unroll_length + lookahead + 1
+    # steps per unroll instead of unroll_length + 1, and the trained steps
+    # reach the learner `lookahead` steps later (staler).
     lookahead: int = 0
     # true: the targets' reach past the unroll grows from 0 to `lookahead`
     # steps as the learning rate anneals (the same horizon; the whole
