@@ -114,6 +114,8 @@ def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(
 @pytest.mark.parametrize("field, former, named", [
     ("layer_norm", "none", "first_layer"),  # before stop 24: no LayerNorm
     ("anneal_entropy_cost", False, True),  # before stop 38: a constant entropy bonus
+    ("lookahead", 0, 20),  # before stop 40: targets cut at the unroll's end
+    ("grow_lookahead", False, True),
 ])
 def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_path, field, former, named):
     """config.json and the checkpoint's config of older runs lack the field; they

@@ -358,7 +358,7 @@ def test_server_clips_training_rewards_but_books_unclipped_returns():
     from seedq.server.unrolls import UnrollQueue
     from seedq.wire import codec
 
-    agent = VTraceAgent(CARTPOLE, VTraceConfig(unroll_length=3))
+    agent = VTraceAgent(CARTPOLE, VTraceConfig(unroll_length=3, lookahead=0))  # an unroll every 3 steps
     episodes = EpisodeLog()
     server = InferenceServer(
         agent, CARTPOLE, EnvTable(episodes), UnrollQueue(16), max_batch_size=8,
@@ -389,7 +389,7 @@ def test_server_records_what_it_answered_and_the_learner_recomputes_it(spec):
     from seedq.server.unrolls import UnrollQueue
     from seedq.wire import codec
 
-    config = VTraceConfig(unroll_length=4)
+    config = VTraceConfig(unroll_length=4, lookahead=0)  # unrolls of 5 steps
     agent = VTraceAgent(spec, config)
     server = InferenceServer(agent, spec, EnvTable(EpisodeLog()), UnrollQueue(16), max_batch_size=8,
                              batch_timeout_ms=0, rng=jax.random.PRNGKey(0))
@@ -681,7 +681,7 @@ def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only(
     import rlax
 
     T, L, B = 4, 6, 5
-    config = VTraceConfig(unroll_length=T, lookahead=L)
+    config = VTraceConfig(unroll_length=T, lookahead=L, grow_lookahead=False)
     agent = VTraceAgent(CARTPOLE, config)
     spec = agent.sequence_spec()
     assert (spec.length, spec.overlap) == (T + L + 1, L + 1)  # T new steps per unroll
