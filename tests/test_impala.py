@@ -67,10 +67,11 @@ def step_stream(num_envs, steps, seed=0):
         )
 
 
+@pytest.mark.parametrize("lookahead", [0, 3])
 @pytest.mark.parametrize("agent_cls", [VTraceAgent, CountingAgent])
-def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls):
+def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls, lookahead):
     num_envs = 8  # the server's smallest bucket: no padding, so both sample from the same key alike
-    cfg = dataclasses.replace(VTraceConfig(), unroll_length=4)
+    cfg = dataclasses.replace(VTraceConfig(), unroll_length=4, lookahead=lookahead)
     agent = agent_cls(CARTPOLE, cfg)
     params = agent.init(jax.random.PRNGKey(1)).params
     key = jax.random.PRNGKey(7)
@@ -93,7 +94,8 @@ def test_impala_actor_builds_the_same_unrolls_as_the_seed_server(agent_cls):
             server_unrolls.append(unrolls)
             actor_unrolls.append(actor_batch)
 
-    assert len(server_unrolls) == 5  # 23 steps: the first unroll at step 5, then every 4
+    # 23 steps: the first unroll at step 4 + lookahead + 1, then every 4.
+    assert len(server_unrolls) == 1 + (23 - (4 + lookahead + 1)) // 4
     for ours, theirs in zip(actor_unrolls, server_unrolls):
         assert ours.keys() == theirs.keys()
         for name in theirs:

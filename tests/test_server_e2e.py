@@ -44,7 +44,8 @@ WAIT_SECONDS = 30.0
 CONFIG = dataclasses.replace(
     TrainConfig(),
     env="CartPole-v1",
-    vtrace=dataclasses.replace(VTraceConfig(), unroll_length=UNROLL_LENGTH, batch_size=4),
+    # Unrolls of UNROLL_LENGTH + 1 steps (no lookahead), which the raw clients count out.
+    vtrace=dataclasses.replace(VTraceConfig(), unroll_length=UNROLL_LENGTH, batch_size=4, lookahead=0),
     server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=64, max_batch_size=16),
 )
 
