@@ -876,7 +876,8 @@ def read_json(path: str) -> dict:
 # Fields a saved config may lack because it was written before they existed,
 # and the value that then meant what that run did (where today's default
 # differs from it): a run from before stop 24 had no LayerNorm, one from
-# before stop 38 a constant entropy bonus.
+# before stop 38 a constant entropy bonus, one from before stop 40 targets
+# cut at the unroll's end.
 FORMER_DEFAULTS = {
     ("vtrace", "layer_norm"): "none",
     ("vtrace", "anneal_entropy_cost"): False,
