@@ -62,6 +62,18 @@ def _record(agent, params, steps: int, n: int, seed: int = 0):
     return {**batch, **initial}
 
 
+def _perturbed(params, scale: float, seed: int):
+    """`params` with Gaussian noise of std `scale` added to every leaf (another policy)."""
+    leaves, tree = jax.tree.flatten(params)
+    noise = np.random.default_rng(seed)
+    return jax.tree.unflatten(tree, [x + scale * noise.normal(size=x.shape) for x in leaves])
+
+
+def _first_steps(batch, n: int):
+    """The batch's unrolls cut to their first n steps (the initial core state kept)."""
+    return {k: v if k.startswith("core/") else v[:, :n] for k, v in batch.items()}
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("spec, config", [
     (CARTPOLE, VTraceConfig()),
@@ -91,9 +103,7 @@ def test_learner_recomputes_exactly_the_behaviour_policy(spec, config):
     _, metrics = jax.jit(agent.loss)(state.params, batch)
     np.testing.assert_allclose(float(metrics["rho/mean"]), 1.0, atol=1e-4)
     # And it is a real check: other parameters give other ratios.
-    leaves, tree = jax.tree.flatten(state.params)
-    noise = np.random.default_rng(0)
-    other = jax.tree.unflatten(tree, [x + 0.5 * noise.normal(size=x.shape) for x in leaves])
+    other = _perturbed(state.params, 0.5, seed=0)
     _, metrics = jax.jit(agent.loss)(other, batch)
     # (Not rho/mean: E_mu[pi/mu] is 1 for any pi, so its mean only strays from 1
     # by sampling noise.) The share of ratios outside 1 +- ppo_clip does not.
@@ -688,9 +698,7 @@ def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only(
     state = agent.init(jax.random.PRNGKey(0))
     batch = _record(agent, state.params, steps=T + L + 1, n=B)
     batch["terminated"][:, 7] = True  # an episode end inside the lookahead cuts the trace there
-    leaves, tree = jax.tree.flatten(state.params)
-    noise = np.random.default_rng(1)
-    params = jax.tree.unflatten(tree, [x + 0.3 * noise.normal(size=x.shape) for x in leaves])
+    params = _perturbed(state.params, 0.3, seed=1)
     _, metrics = jax.jit(agent.loss)(params, batch)
 
     dist, values, _ = agent._unroll_network(params, batch)
@@ -712,8 +720,7 @@ def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only(
     # Without the lookahead the same T steps have targets cut at step T: the
     # lookahead changed them; the trained steps' entropy is the same.
     short = VTraceAgent(CARTPOLE, dataclasses.replace(config, lookahead=0))
-    _, short_metrics = jax.jit(short.loss)(params, {k: v[:, : T + 1] for k, v in batch.items() if v.ndim > 1}
-                                           | {k: v for k, v in batch.items() if k.startswith("core/")})
+    _, short_metrics = jax.jit(short.loss)(params, _first_steps(batch, T + 1))
     assert abs(float(short_metrics["loss/baseline"]) - want) > 1e-3 * want
     np.testing.assert_allclose(float(metrics["loss/entropy"]), float(short_metrics["loss/entropy"]), rtol=1e-5)
 
@@ -738,11 +745,7 @@ def test_a_growing_lookahead_starts_at_the_unroll_and_reaches_the_whole_lookahea
     reach = lambda k: VTraceAgent(CARTPOLE, dataclasses.replace(config, lookahead=k, grow_lookahead=False))
     state = agent.init(jax.random.PRNGKey(0))
     batch = _record(agent, state.params, steps=T + L + 1, n=B)
-    leaves, tree = jax.tree.flatten(state.params)
-    noise = np.random.default_rng(1)
-    params = jax.tree.unflatten(tree, [x + 0.3 * noise.normal(size=x.shape) for x in leaves])
-    head = lambda k: {name: v[:, : T + k + 1] if v.ndim > 1 and not name.startswith("core/") else v
-                      for name, v in batch.items()}
+    params = _perturbed(state.params, 0.3, seed=1)
 
     def baseline(a, b, step):
         return float(jax.jit(a.loss)(params, b, step)[1]["loss/baseline"])
@@ -751,7 +754,7 @@ def test_a_growing_lookahead_starts_at_the_unroll_and_reaches_the_whole_lookahea
         _, metrics = jax.jit(agent.loss)(params, batch, step)
         assert float(metrics["vtrace/lookahead"]) == k
         # The targets of a lookahead of k steps are those of an unroll cut k steps past the trained ones.
-        np.testing.assert_allclose(baseline(agent, batch, step), baseline(reach(k), head(k), step), rtol=1e-5)
+        np.testing.assert_allclose(baseline(agent, batch, step), baseline(reach(k), _first_steps(batch, T + k + 1), step), rtol=1e-5)
     assert abs(baseline(agent, batch, 0) - baseline(full, batch, 0)) > 1e-3 * baseline(full, batch, 0)
     # A constant learning rate has nothing to grow with: the whole lookahead from the start.
     constant = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=0))

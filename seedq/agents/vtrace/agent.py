@@ -265,11 +265,11 @@ class VTraceAgent:
         rhos = jnp.exp(jnp.minimum(target_logp - behaviour_logp, 20.0)) * valid
 
         lambda_ = cfg.lambda_
+        reach = jnp.floor(self.lookahead(step))  # lookahead steps the targets use
         if cfg.grow_lookahead:
-            # The targets reach `reach` steps past the trained ones: the trace is
-            # cut (lambda 0) there, so they bootstrap from that step's value.
-            reach = jnp.floor(self.lookahead(step)).astype(jnp.int32)
-            cut = jnp.arange(rhos.shape[0])[:, None] == cfg.unroll_length - 1 + reach
+            # The trace is cut (lambda 0) where the reach ends, so the targets
+            # bootstrap from that step's value.
+            cut = jnp.arange(rhos.shape[0])[:, None] == cfg.unroll_length - 1 + reach.astype(jnp.int32)
             lambda_ = jnp.where(cut, 0.0, jnp.full(rhos.shape, cfg.lambda_, rhos.dtype))
         vt = losses.vtrace(
             v_tm1=values[:-1],
@@ -309,7 +309,7 @@ class VTraceAgent:
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy_loss,
             "loss/entropy_cost": entropy_cost,
-            "vtrace/lookahead": jnp.floor(self.lookahead(step)),
+            "vtrace/lookahead": reach,
             "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
             **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
         }
