@@ -28,6 +28,8 @@ LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
 NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
+# The inference batcher's rules (seedq.server.batching, which imports these).
+BATCHING_RULES = ("auto", "wait", "greedy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +38,14 @@ class ServerConfig:
 
     # Largest number of env steps run through one inference call.
     max_batch_size: int = 256
-    # How long the batcher waits for more streams once it holds a request.
+    # How long the batcher waits for more streams once it holds a request
+    # (under the `wait` rule).
     batch_timeout_ms: float = 0.5
+    # The batcher's rule: `wait` for the streams the last batch answered (up to
+    # batch_timeout_ms), `greedy` (run what is queued at once), or `auto`: the
+    # one that measured more env steps/s in this run, re-measured every minute
+    # and when actors come or go (seedq.server.batching).
+    batching: str = "auto"
     # Unrolls held between the server and the learner; when full, inference
     # waits for training (backpressure) instead of memory growing. The last
     # inference batch's unrolls may take it past this by one batch (a strict
@@ -618,6 +626,10 @@ class TrainConfig:
             if value <= 0:
                 raise ValueError(f"{name}={value}: must be > 0")
         check_channel(self.server.keepalive_seconds, self.server.peer_timeout_seconds, "server.")
+        if self.server.batching not in BATCHING_RULES:
+            raise ValueError(
+                f"server.batching={self.server.batching!r}: choose one of {', '.join(BATCHING_RULES)}"
+            )
         if bool(self.tls.cert) != bool(self.tls.key):
             raise ValueError("tls.cert and tls.key go together (the learner's certificate and its key)")
         if self.tls.client_ca and not self.tls.enabled:

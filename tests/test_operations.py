@@ -380,7 +380,7 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
         assert stdout.count("train steps") == 3 and "\x1b[" not in stdout
         assert stdout.splitlines()[-1] == (
             "[    3.0s] frames     15,000 (  5.0k/s) | episodes     30 | return(100)    15.0 "
-            "| train steps     60 (  20/s) | infer batch  12.5 p99 38.9ms | queue    3/256 "
+            "| train steps     60 (  20/s) | infer batch  12.5 wait p99 38.9ms | queue    3/256 "
             "| actors 2 | fp32 | loss   0.5000"
         )
     scalars = read_scalars(tmp_path)
@@ -447,3 +447,7 @@ def test_throughput_bench_reports_the_learners_cost_per_message():
     thread_us, process_us = result["server_thread_cpu_us_per_message"], result["learner_cpu_us_per_message"]
     assert 0 < thread_us <= process_us
     assert 0 < result["server_thread_busy_fraction"] <= 1.0
+    # `auto` batching: the bench measures after the batcher has tried both rules
+    # on this loop, and the rule it chose holds over the whole window.
+    assert sorted(result["batching_trial_steps_per_second"]) == ["greedy", "wait"]
+    assert result["greedy_batch_share"] == (1.0 if result["batching"] == "greedy" else 0.0)

@@ -165,13 +165,15 @@ def test_summary_json_from_the_final_snapshot():
     config = TrainConfig(target_return=475)
     run = RunInfo(RunClock(0.0), segment=1, resumed_from=None, last_checkpoint=None, checkpoints_taken_at=())
     stats = learner_stats(frames=5000, train_steps=20, lag=LagTotals(batches=2, steps=10, total=15.0),
-                          actor_runs_started=3, episodes=40, mean_return=480.0)
+                          actor_runs_started=3, episodes=40, mean_return=480.0,
+                          inference_batches=400, greedy_batches=100, batching="greedy")
     target = TargetRecord(9.5, 4000, 476.0)
     d = summary_json(config, stats, target, run, stop_reason="target_return", wall_seconds=10.0,
                      segment_seconds=10.0, checkpoint="/c", evaluation=None)
     assert d["policy_lag_mean"] == 1.5 and d["actor_runs"] == 3 and d["frames"] == 5000
     assert d["reached_target"] and d["frames_to_target"] == 4000 and d["mean_return_at_target"] == 476.0
     assert d["mean_return_last100"] == 480.0 and d["int8_plan"] is None
+    assert d["batching"] == {"rule": "auto", "in_force": "greedy", "greedy_batch_share": 0.25}
     assert summary_json(config, learner_stats(), TargetRecord(), run, stop_reason="max_frames",
                         wall_seconds=1.0, segment_seconds=1.0, checkpoint="/c",
                         evaluation=None)["policy_lag_mean"] is None  # no training yet

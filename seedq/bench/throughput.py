@@ -67,9 +67,10 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             learner.start(train=train)
             _wait_for_actors(learner, num_actors, actors)
             time.sleep(warmup_seconds)
+            _wait_for_batching_choice(learner.inference.batching)
             stats = learner.inference.stats
             f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
-            busy0, m0 = stats.busy_seconds, stats.requests
+            busy0, m0, g0 = stats.busy_seconds, stats.requests, stats.greedy_batches
             cpu0, thread_cpu0 = time.process_time(), learner.server_thread_cpu_seconds()
             started = time.perf_counter()
             time.sleep(seconds)
@@ -82,6 +83,8 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             messages = stats.requests - m0
             train_steps = learner.train_steps - t0
             busy = stats.busy_seconds - busy0
+            greedy_batches = stats.greedy_batches - g0
+            batching = learner.inference.batching
             split = learner.devices.describe()
         finally:
             stop_processes(actors)
@@ -98,6 +101,14 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         # so every one of them is busy for the same share of the time.
         "per_device_inference_batch": steps / batches / inference_devices if batches else 0.0,
         "inference_calls_per_second": batches / elapsed,
+        # The batcher's rule over the window (seedq.server.batching): the one in
+        # force, the share of batches it ran greedily, and under `auto` the
+        # median env steps/s of each rule in the measurement that chose it.
+        "batching": batching.choice,
+        "greedy_batch_share": greedy_batches / batches if batches else 0.0,
+        "batching_trial_steps_per_second": {
+            rule: float(np.median(rates)) for rule, rates in batching.last_rates.items() if rates
+        },
         # The per-message cost that caps how many actors one learner serves:
         # actor messages answered per second, and the CPU time per message of
         # the whole learner process (this process: it runs only the learner
@@ -116,6 +127,15 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         "rtt_p50_ms": float(np.median(rtts_p50)) if rtts_p50 else None,
         "rtt_p99_ms": float(np.median(rtts_p99)) if rtts_p99 else None,
     }
+
+
+def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:
+    """Under `server.batching auto`, until the batcher has measured its two
+    rules and chosen one: the window measures the rule the run settles on,
+    not the trial (a few seconds; seedq.server.batching)."""
+    deadline = time.monotonic() + timeout
+    while rule.rule == "auto" and rule.trials == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 60.0) -> None:

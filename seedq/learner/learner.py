@@ -25,6 +25,7 @@ from seedq import config as config_lib
 from seedq import grpc_setup, jax_setup, schema
 from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
+from seedq.server.batching import BatchingRule
 from seedq.config import TrainConfig
 from seedq.devices import (
     data_parallel, global_training_devices, inference_placement, local_copy, resolve_split,
@@ -110,6 +111,7 @@ class Learner:
             reward_clip=training_reward_clip(config),
             precision=self.precision,
             devices=self.devices.inference if len(self.devices.inference) > 1 else None,
+            batching=BatchingRule(config.server.batching),
         )
         self.inference.publish(self.published_params(self.state), self.version)
         self.learner_run = uuid.uuid4().hex[:12]
@@ -534,6 +536,7 @@ class Learner:
             waiting_for_actors=self.waiting_for_actors, error=self.error, lag=lag,
             inference_batches=inference.batches, mean_inference_batch=inference.mean_batch_size(),
             inference_compiles=inference.compiles, latency_count=latency_count,
+            batching=self.inference.batching.choice, greedy_batches=inference.greedy_batches,
             queue_depth=len(self.queue), queue_capacity=self.queue.capacity,
             actors=tuple(
                 ActorStats(e.actor_id, e.run_id, e.num_envs, e.timed_out_waits) for e in table.entries()

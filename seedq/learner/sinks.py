@@ -85,7 +85,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         f"[{tick.elapsed_seconds:7.1f}s] frames {s.frames:>10,} ({tick.frames_per_second / 1e3:5.1f}k/s) "
         f"| episodes {s.episodes:>6,} | return({config.return_window}) {ret} "
         f"| train steps {s.train_steps:>6,} ({tick.steps_per_second:4.0f}/s) "
-        f"| infer batch {s.mean_inference_batch:5.1f} p99 {p99} "
+        f"| infer batch {s.mean_inference_batch:5.1f} {s.batching} p99 {p99} "
         f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
         f"| actors {s.num_connected} "
         f"| {config.precision}{int8_share_text(s.int8_plan)}"
@@ -169,6 +169,8 @@ def tensorboard_scalars(tick: Tick) -> dict[str, float | None]:
         "throughput/frames_per_second": tick.frames_per_second,
         "learner/steps_per_second": tick.steps_per_second,
         "inference/batch_size_mean": s.mean_inference_batch,
+        # 1 while the batcher runs greedy batches, 0 while it waits for the streams.
+        "inference/greedy_batching": float(s.batching == "greedy"),
         "inference/latency_ms_p50": _ms(s.latency_p50_seconds),
         "inference/latency_ms_p99": _ms(s.latency_p99_seconds),
         "inference/compiles": s.inference_compiles,
@@ -299,6 +301,12 @@ def summary_json(
         "stop_reason": stop_reason,
         "actor_runs": stats.actor_runs_started,
         "mean_inference_batch": stats.mean_inference_batch,
+        # The batcher's rule: as configured, in force at the end, and the share of batches run greedily.
+        "batching": {
+            "rule": config.server.batching,
+            "in_force": stats.batching,
+            "greedy_batch_share": stats.greedy_batches / stats.inference_batches if stats.inference_batches else 0.0,
+        },
         "checkpoint": checkpoint,
         "policy_version": stats.policy_version,
         # Learner version minus behaviour version, per trained step (None: no training yet).

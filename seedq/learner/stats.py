@@ -65,6 +65,10 @@ class LearnerStats:
     mean_inference_batch: float  # env steps per inference batch, over the process
     inference_compiles: int
     latency_count: int  # inference batches timed so far
+    # The batcher's rule in force, "wait" or "greedy" (seedq.server.batching),
+    # and the batches the greedy rule ran.
+    batching: str
+    greedy_batches: int
     queue_depth: int  # unrolls waiting for training
     queue_capacity: int
     # --- actors ---

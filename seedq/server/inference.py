@@ -3,8 +3,9 @@
 Stream handlers `submit` one decoded StepBatch each and await its actions.
 The batch loop gathers requests across streams until it holds
 `max_batch_size` env steps, every stream the previous batch answered has sent
-its next request, or `batch_timeout_ms` passed since the first one arrived;
-then it hands the whole batch to the acting core (`seedq.acting.core`: one
+its next request, or `batch_timeout_ms` passed since the first one arrived
+(the `wait` rule; the `greedy` rule takes what is queued at once, and `auto`
+picks one by measurement: `seedq.server.batching`); then it hands the whole batch to the acting core (`seedq.acting.core`: one
 jitted `act` at the server's inference precision, padded to a fixed bucket
 size so steady state never recompiles; episode book-keeping), answers, and
 only then records the step into every env's unroll and hands finished
@@ -37,6 +38,7 @@ from seedq.acting.core import ActingCore
 from seedq.latency import LatencyRing
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import EnvSpec
+from seedq.server.batching import GREEDY, BatchingRule
 from seedq.server.env_table import ActorEntry, EnvTable
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire.codec import Steps
@@ -81,6 +83,8 @@ class InferenceStats:
     busy_seconds: float = 0.0
     backpressure_seconds: float = 0.0
     compiles: int = 0
+    # Batches run by the greedy rule (no wait for the streams; seedq.server.batching).
+    greedy_batches: int = 0
     # Batches that fired on the batch timeout while a stream it awaited was silent.
     timed_out_waits: int = 0
     # Seconds per inference batch (batching done to actions ready).
@@ -112,12 +116,14 @@ class InferenceServer:
         reward_clip: float = 0.0,
         precision: InferencePrecision | None = None,
         devices=None,
+        batching: BatchingRule | None = None,
     ):
         """`precision`: the inference precision mode (fp32 when None); `publish`
         takes parameters already published at it. `reward_clip` > 0: training
         rewards are clipped to [-reward_clip, reward_clip] (Atari); episode
         returns are booked from the unclipped rewards. `devices`: several
-        inference devices, each batch split across them (`seedq.devices`)."""
+        inference devices, each batch split across them (`seedq.devices`).
+        `batching`: the batcher's rule (default: always wait for the streams)."""
         self.agent = agent
         self.spec = spec
         self.table = table
@@ -125,6 +131,7 @@ class InferenceServer:
         self.max_batch_size = max_batch_size
         self.timeout = batch_timeout_ms / 1000.0
         self.buckets = bucket_sizes(max_batch_size)
+        self.batching = batching or BatchingRule("wait")
         self.precision = precision or InferencePrecision(agent, spec, "fp32")
         self.core = ActingCore(agent, spec, self.precision, reward_clip=reward_clip, devices=devices)
         self.stats = InferenceStats()
@@ -219,9 +226,11 @@ class InferenceServer:
         loop = asyncio.get_running_loop()
         while True:
             await self._has_work.wait()
-            deadline = loop.time() + self.timeout
+            now = loop.time()
+            greedy = self.batching.current(now, self.stats.env_steps, self.table.num_connected) == GREEDY
+            deadline = now + self.timeout
             # Wait for the streams the previous batch answered, up to the deadline.
-            while self._pending_steps < self.max_batch_size and self._awaited:
+            while not greedy and self._pending_steps < self.max_batch_size and self._awaited:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     self._count_timed_out_wait()
@@ -242,6 +251,7 @@ class InferenceServer:
             if not self._pending:
                 self._has_work.clear()
             if batch:
+                self.stats.greedy_batches += greedy
                 await self._run_batch(batch)
 
     def _count_timed_out_wait(self) -> None:
