@@ -251,8 +251,7 @@ class InferenceServer:
             if not self._pending:
                 self._has_work.clear()
             if batch:
-                self.stats.greedy_batches += greedy
-                await self._run_batch(batch)
+                await self._run_batch(batch, greedy)
 
     def _count_timed_out_wait(self) -> None:
         if not self._awaited:
@@ -278,10 +277,10 @@ class InferenceServer:
             steps += len(request.steps)
         return batch
 
-    async def _run_batch(self, batch: list[_Request]) -> None:
+    async def _run_batch(self, batch: list[_Request], greedy: bool = False) -> None:
         started = time.perf_counter()
         try:
-            actions, version, pending = self._infer(batch)
+            actions, version, pending = self._infer(batch, greedy)
         except Exception as e:  # never leave a stream hanging on a bad batch
             log.exception("inference failed")
             for request in batch:
@@ -330,7 +329,7 @@ class InferenceServer:
         except Exception:  # a learner bug: the actors already have their actions
             log.exception("recording an inference batch failed: its steps are lost")
 
-    def _infer(self, batch: list[_Request]):
+    def _infer(self, batch: list[_Request], greedy: bool = False):
         """Acts on the joined batch; returns (actions [n, ...], policy version, PendingRecord)."""
         slots = np.concatenate([r.entry.first_slot + r.steps.env_indices for r in batch])
 
@@ -353,6 +352,7 @@ class InferenceServer:
         self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
         self.stats.batches += 1
+        self.stats.greedy_batches += greedy
         self.stats.requests += len(batch)
         self.stats.env_steps += n
         self.stats.padded_steps += size
