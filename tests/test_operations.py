@@ -362,7 +362,7 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
 
     started = time.monotonic()
     learner = ScriptedLearner(started, episodes=30, mean_return=15.0, mean_length=15.0,
-                              mean_inference_batch=12.5, queue_depth=3,
+                              mean_inference_batch=12.5, inference_batches=1200, queue_depth=3,
                               actors=(ActorStats("a", "r", 4, 0), ActorStats("b", "r", 4, 0)))
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=terminal, width=300)

@@ -78,6 +78,8 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     entropy = metrics.get("policy/entropy")
     std = metrics.get("policy/std")  # Box actions
     p99 = "-" if s.latency_p99_seconds is None else f"{1e3 * s.latency_p99_seconds:.1f}ms"
+    # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
+    batching = f" {s.batching}" if s.inference_batches else ""
     waiting = (
         f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else ""
     )
@@ -85,7 +87,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         f"[{tick.elapsed_seconds:7.1f}s] frames {s.frames:>10,} ({tick.frames_per_second / 1e3:5.1f}k/s) "
         f"| episodes {s.episodes:>6,} | return({config.return_window}) {ret} "
         f"| train steps {s.train_steps:>6,} ({tick.steps_per_second:4.0f}/s) "
-        f"| infer batch {s.mean_inference_batch:5.1f} {s.batching} p99 {p99} "
+        f"| infer batch {s.mean_inference_batch:5.1f}{batching} p99 {p99} "
         f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
         f"| actors {s.num_connected} "
         f"| {config.precision}{int8_share_text(s.int8_plan)}"
