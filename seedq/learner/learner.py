@@ -25,7 +25,6 @@ from seedq import config as config_lib
 from seedq import grpc_setup, jax_setup, schema
 from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
-from seedq.server.batching import BatchingRule
 from seedq.config import TrainConfig
 from seedq.devices import (
     data_parallel, global_training_devices, inference_placement, local_copy, resolve_split,
@@ -35,6 +34,7 @@ from seedq.envs import env_spec
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION
+from seedq.server.batching import BatchingRule
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer, bucket_sizes
 from seedq.server.service import LearnerService, start_server

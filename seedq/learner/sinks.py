@@ -307,7 +307,9 @@ def summary_json(
         "batching": {
             "rule": config.server.batching,
             "in_force": stats.batching,
-            "greedy_batch_share": stats.greedy_batches / stats.inference_batches if stats.inference_batches else 0.0,
+            "greedy_batch_share": (
+                stats.greedy_batches / stats.inference_batches if stats.inference_batches else 0.0
+            ),
         },
         "checkpoint": checkpoint,
         "policy_version": stats.policy_version,

@@ -28,6 +28,7 @@ import dataclasses
 import statistics
 
 from seedq.config import BATCHING_RULES
+
 WAIT, GREEDY = "wait", "greedy"
 
 
@@ -67,10 +68,6 @@ class BatchingRule:
         self._windows: list[str] = []  # rules of the trial's windows still to run
         self._window: tuple[str, float, int] | None = None  # (rule, started, env steps at start)
         self._rates: dict[str, list[float]] = {}
-
-    @property
-    def measuring(self) -> bool:
-        return self._window is not None
 
     def current(self, now: float, env_steps: int, streams: int) -> str:
         if self.rule != "auto":

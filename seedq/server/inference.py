@@ -5,9 +5,10 @@ The batch loop gathers requests across streams until it holds
 `max_batch_size` env steps, every stream the previous batch answered has sent
 its next request, or `batch_timeout_ms` passed since the first one arrived
 (the `wait` rule; the `greedy` rule takes what is queued at once, and `auto`
-picks one by measurement: `seedq.server.batching`); then it hands the whole batch to the acting core (`seedq.acting.core`: one
-jitted `act` at the server's inference precision, padded to a fixed bucket
-size so steady state never recompiles; episode book-keeping), answers, and
+picks one by measurement: `seedq.server.batching`); then it hands the whole
+batch to the acting core (`seedq.acting.core`: one jitted `act` at the
+server's inference precision, padded to a fixed bucket size so steady state
+never recompiles; episode book-keeping), answers, and
 only then records the step into every env's unroll and hands finished
 unrolls to the learner queue (waiting while it is full: backpressure), so
 the actors step their envs while the server does its book-keeping.
