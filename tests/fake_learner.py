@@ -18,7 +18,8 @@ def learner_stats(**overrides) -> LearnerStats:
         long_train_step_gaps=(), publishes=0, publish_seconds_total=0.0, waiting_for_actors=False,
         error=None, lag=LagTotals(), inference_batches=0, mean_inference_batch=0.0, inference_compiles=0,
         latency_count=0, batching="wait", greedy_batches=0, queue_depth=0, queue_capacity=256, actors=(),
-        actor_runs_started=0, actor_runs_ended=0, batch_source={}, int8_plan=None, devices={"inference": [0], "training": [0]},
+        actor_runs_started=0, actor_runs_ended=0, batch_source={}, int8_plan=None,
+        devices={"inference": [0], "training": [0]},
     )
     return LearnerStats(**{**fields, **overrides})
 
