@@ -28,7 +28,7 @@ LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
 NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
 ACTOR_PRECISIONS = ("fp32", "int8")
-# The inference batcher's rules (seedq.server.batching, which imports these).
+# The inference batcher's rules (seedq.server.batching).
 BATCHING_RULES = ("auto", "wait", "greedy")
 
 
@@ -124,6 +124,12 @@ class ActorChannelConfig:
             raise ValueError("--tls.cert and --tls.key go together (a client certificate needs its key)")
         if self.tls.cert and not self.tls.ca:
             raise ValueError("--tls.cert needs --tls.ca (the CA that signed the learner's certificate)")
+
+
+def check_batching_rule(rule: str) -> None:
+    """ValueError unless `rule` is one of BATCHING_RULES (the config and the batcher both check)."""
+    if rule not in BATCHING_RULES:
+        raise ValueError(f"server.batching={rule!r}: choose one of {', '.join(BATCHING_RULES)}")
 
 
 def check_channel(keepalive_seconds: float, peer_timeout_seconds: float, prefix: str) -> None:
@@ -626,10 +632,7 @@ class TrainConfig:
             if value <= 0:
                 raise ValueError(f"{name}={value}: must be > 0")
         check_channel(self.server.keepalive_seconds, self.server.peer_timeout_seconds, "server.")
-        if self.server.batching not in BATCHING_RULES:
-            raise ValueError(
-                f"server.batching={self.server.batching!r}: choose one of {', '.join(BATCHING_RULES)}"
-            )
+        check_batching_rule(self.server.batching)
         if bool(self.tls.cert) != bool(self.tls.key):
             raise ValueError("tls.cert and tls.key go together (the learner's certificate and its key)")
         if self.tls.client_ca and not self.tls.enabled:

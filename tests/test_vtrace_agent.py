@@ -754,7 +754,8 @@ def test_a_growing_lookahead_starts_at_the_unroll_and_reaches_the_whole_lookahea
         _, metrics = jax.jit(agent.loss)(params, batch, step)
         assert float(metrics["vtrace/lookahead"]) == k
         # The targets of a lookahead of k steps are those of an unroll cut k steps past the trained ones.
-        np.testing.assert_allclose(baseline(agent, batch, step), baseline(reach(k), _first_steps(batch, T + k + 1), step), rtol=1e-5)
+        np.testing.assert_allclose(baseline(agent, batch, step),
+                                   baseline(reach(k), _first_steps(batch, T + k + 1), step), rtol=1e-5)
     assert abs(baseline(agent, batch, 0) - baseline(full, batch, 0)) > 1e-3 * baseline(full, batch, 0)
     # A constant learning rate has nothing to grow with: the whole lookahead from the start.
     constant = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=0))

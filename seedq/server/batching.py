@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from seedq.config import BATCHING_RULES
+from seedq.config import check_batching_rule
 
 WAIT, GREEDY = "wait", "greedy"
 
@@ -45,7 +45,7 @@ class TrialSchedule:
 
 
 class BatchingRule:
-    """The batcher's rule at each batch. `rule`: one of BATCHING_RULES.
+    """The batcher's rule at each batch. `rule`: one of config.BATCHING_RULES.
 
     `current(now, env_steps, streams)` is called once per batch with the
     clock (seconds), the env steps served so far and the connected streams;
@@ -53,8 +53,7 @@ class BatchingRule:
     (`choice`, `trials`, `last_rates`)."""
 
     def __init__(self, rule: str = "auto", schedule: TrialSchedule = TrialSchedule()):
-        if rule not in BATCHING_RULES:
-            raise ValueError(f"server.batching={rule!r}: choose one of {', '.join(BATCHING_RULES)}")
+        check_batching_rule(rule)
         self.rule = rule
         self.schedule = schedule
         # The rule in force outside trials (auto: WAIT until the first trial ends).
@@ -63,8 +62,9 @@ class BatchingRule:
         # Env steps per second of each rule's windows in the latest trial.
         self.last_rates: dict[str, list[float]] = {}
         self._streams = None
-        self._settle_until = None  # warm-up end (after the first traffic or a stream change)
-        self._hold_until = None
+        # When the next measurement starts: a warm-up after the first traffic or
+        # a change of the stream count, a hold after each choice.
+        self._next_trial_at = 0.0
         self._windows: list[str] = []  # rules of the trial's windows still to run
         self._window: tuple[str, float, int] | None = None  # (rule, started, env steps at start)
         self._rates: dict[str, list[float]] = {}
@@ -74,8 +74,8 @@ class BatchingRule:
             return self.choice
         if streams != self._streams:  # actors came or went: the old figures no longer apply
             self._streams = streams
-            self._window, self._windows, self._hold_until = None, [], None
-            self._settle_until = now + self.schedule.warmup_seconds
+            self._window, self._windows = None, []
+            self._next_trial_at = now + self.schedule.warmup_seconds
         if self._window is not None:
             rule, started, steps = self._window
             if now - started < self.schedule.window_seconds:
@@ -86,8 +86,7 @@ class BatchingRule:
                 self._decide(now)
                 return self.choice
         elif not self._windows:
-            due = self._settle_until if self._hold_until is None else self._hold_until
-            if now < due:
+            if now < self._next_trial_at:
                 return self.choice
             self._windows = [WAIT, GREEDY] * self.schedule.rounds
             self._rates = {WAIT: [], GREEDY: []}
@@ -100,4 +99,4 @@ class BatchingRule:
         self.choice = GREEDY if greedy > wait else WAIT
         self.last_rates = self._rates
         self.trials += 1
-        self._hold_until = now + self.schedule.hold_seconds
+        self._next_trial_at = now + self.schedule.hold_seconds
