@@ -399,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "after another; on a machine with spare cores, several)")
     suite.add_argument("--random-episodes", type=int, default=100,
                        help="episodes of the random policy measured per env")
+    learner = bench_sub.add_parser(
+        "learner",
+        help="what the learner alone can train on (train steps/s, env frames/s, MACs per frame) and "
+        "what its inference can answer, for an env and agent config resolved as `seedq train` does",
+        formatter_class=_HelpFormatter,
+    )
+    add_config_flags(learner)
+    learner.add_argument("--seconds", type=float, default=5.0, help="timing budget of each measurement")
+    learner.add_argument("--json", action="store_true", help="print one JSON object")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -584,6 +593,21 @@ def _bench_inference(args) -> int:
         print(f"seedq bench inference: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else inference.format_table(result))
+    return 0
+
+
+def _bench_learner(args) -> int:
+    """`seedq bench learner` (seedq.bench.learner)."""
+    from seedq.bench import learner
+
+    try:
+        config = config_from_args(args, base=env_defaults(args.env or TrainConfig.env))
+        config.validate()
+        result = learner.run(config, seconds=args.seconds)
+    except ValueError as e:
+        print(f"seedq bench learner: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else learner.format_table(result))
     return 0
 
 
@@ -808,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench_soak(args)
         if args.bench == "suite":
             return _bench_suite(args)
+        if args.bench == "learner":
+            return _bench_learner(args)
         if args.bench == "stuck":
             from seedq.bench import stuck
 
