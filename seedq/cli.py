@@ -320,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
     add_config_flags(tp, config_lib.ServerConfig, "server.")
+    # The agent sections pass through, on top of the env's defaults (as `seedq train`).
+    tp.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
+    add_config_flags(tp, config_lib.VTraceConfig, "vtrace.")
+    add_config_flags(tp, config_lib.R2D2Config, "r2d2.")
     stuck = bench_sub.add_parser(
         "stuck",
         help="a healthy actor's round trip with and without stuck (and slow) actors, in one run",
@@ -596,6 +600,16 @@ def _bench_inference(args) -> int:
     return 0
 
 
+def _bench_agent_config(args) -> TrainConfig:
+    """The env's defaults with the --agent, --vtrace.* and --r2d2.* flags given applied."""
+    base = env_defaults(args.env)
+    return dataclasses.replace(
+        base, agent=args.agent or base.agent,
+        vtrace=config_from_args(args, config_lib.VTraceConfig, "vtrace.", base.vtrace),
+        r2d2=config_from_args(args, config_lib.R2D2Config, "r2d2.", base.r2d2),
+    )
+
+
 def _bench_learner(args) -> int:
     """`seedq bench learner` (seedq.bench.learner)."""
     from seedq.bench import learner
@@ -859,6 +873,7 @@ def main(argv: list[str] | None = None) -> int:
                     train=not args.no_train,
                     devices=config_from_args(args, config_lib.DevicesConfig, "devices."),
                     server=config_from_args(args, config_lib.ServerConfig, "server."),
+                    base=_bench_agent_config(args),
                 )
             except (ValueError, RuntimeError) as e:
                 print(f"seedq bench throughput: {e}", file=sys.stderr)

@@ -30,6 +30,8 @@ NETWORK_CHOICES = ("auto", "mlp", "small_cnn", "nature_cnn", "impala_cnn")
 ACTOR_PRECISIONS = ("fp32", "int8")
 # The inference batcher's rules (seedq.server.batching).
 BATCHING_RULES = ("auto", "wait", "greedy")
+# What the inference loop does when the unroll queue is full (ServerConfig.queue_full).
+QUEUE_FULL_RULES = ("wait", "drop_oldest")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,11 @@ class ServerConfig:
     # inference batch's unrolls may take it past this by one batch (a strict
     # bound could deadlock: seedq.server.unrolls.UnrollQueue).
     queue_capacity_unrolls: int = 256
+    # When that queue is full: `wait` (backpressure: the actors go at the
+    # learner's pace, and every round trip waits for a train step) or
+    # `drop_oldest` (inference never waits; the oldest unrolls are dropped and
+    # the learner trains on the freshest it can keep up with).
+    queue_full: str = "wait"
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
     # Dead-peer detection (docs/security.md): a keepalive ping goes to each
@@ -633,6 +640,9 @@ class TrainConfig:
                 raise ValueError(f"{name}={value}: must be > 0")
         check_channel(self.server.keepalive_seconds, self.server.peer_timeout_seconds, "server.")
         check_batching_rule(self.server.batching)
+        if self.server.queue_full not in QUEUE_FULL_RULES:
+            raise ValueError(
+                f"server.queue_full={self.server.queue_full!r}: choose one of {', '.join(QUEUE_FULL_RULES)}")
         if bool(self.tls.cert) != bool(self.tls.key):
             raise ValueError("tls.cert and tls.key go together (the learner's certificate and its key)")
         if self.tls.client_ca and not self.tls.enabled:

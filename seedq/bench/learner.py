@@ -39,6 +39,12 @@ def new_frames_per_train_step(config) -> float:
     return section.batch_size * section.unroll_length / section.reuse
 
 
+def new_frames_per_unroll(config) -> int:
+    """New env frames in one stored sequence (the steps it shares with the
+    next one counted there): V-trace's unroll_length, R2D2's trace_length."""
+    return config.r2d2.trace_length if config.agent == "r2d2" else config.vtrace.unroll_length
+
+
 def synthetic_batch(agent, spec, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A training batch of the stored sequences' shapes with random contents
     (observations as the env's dtype, actions within the action space), plus
