@@ -18,7 +18,7 @@ import math
 import os
 import time
 import typing
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 AGENTS = ("vtrace", "r2d2")
 ARCHITECTURES = ("seed", "impala")
@@ -818,12 +818,40 @@ CONTINUOUS_VTRACE = VTraceConfig(
 )
 
 
-def defaults_for(continuous_actions: bool, target_return: Optional[float] = None) -> TrainConfig:
-    """The default run config for an env with Discrete or Box actions and the
-    env's registered target return (command-line flags are applied on top of it)."""
+# V-trace defaults for pixel observations (Atari's 84x84 frames), where the
+# network, not the env, is the cost of a frame (docs/benchmarks.md, "The
+# learner's work per frame"): one pass over each batch and no lookahead, as
+# IMPALA and SEED train Atari (the small-env defaults' 4 passes over unrolls
+# 4x as long cost ~16x the learner's work per frame: 39 frames/s against
+# ~650 on Pong here). Rewards are Atari's clipped +-1 unscaled, as IMPALA's:
+# under Adam, scaling the rewards by 0.1 is the same as a 10x entropy bonus,
+# and Pong's policy stayed uniform (entropy ln 6) through 1.1M agent steps
+# with it (docs/learning.md, "Pong").
+PIXEL_VTRACE = VTraceConfig(reuse=1, lookahead=0, reward_scale=1.0)
+
+# Observations count as pixels from this side up (uint8 frames): the Nature
+# CNN's smallest input. MinAtar's 10x10 grids keep the small-env defaults.
+PIXEL_MIN_SIDE = 36
+
+
+def is_pixel_observation(obs_shape: Sequence[int], obs_dtype) -> bool:
+    """Whether an env's observations are pixel frames ([H, W] or [H, W, C] uint8, sides >= PIXEL_MIN_SIDE)."""
+    import numpy as np
+
+    shape = tuple(obs_shape)
+    return np.dtype(obs_dtype) == np.uint8 and len(shape) in (2, 3) and min(shape[:2]) >= PIXEL_MIN_SIDE
+
+
+def defaults_for(continuous_actions: bool, target_return: Optional[float] = None,
+                 pixels: bool = False) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions, pixel
+    observations or not, and the env's registered target return
+    (command-line flags are applied on top of it)."""
     base = TrainConfig(target_return=target_return)
     if continuous_actions:
         return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
+    if pixels:
+        return dataclasses.replace(base, vtrace=PIXEL_VTRACE)
     return base
 
 
