@@ -412,6 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(learner)
     learner.add_argument("--seconds", type=float, default=5.0, help="timing budget of each measurement")
     learner.add_argument("--json", action="store_true", help="print one JSON object")
+    device = bench_sub.add_parser(
+        "device",
+        help="a bounded check of this machine for Atari: JAX's devices, the inference bench, bench "
+        "learner, Pong throughput with actors on every CPU core, Pong training for the time left",
+        description="Runs each stage as a seedq subprocess within its share of --minutes (the whole "
+        "command's bound) and writes OUT/device.json and OUT/summary.md. Installs nothing "
+        "(docs/devices.md gives the install line for a GPU or TPU VM).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    device.add_argument("--minutes", type=float, default=20.0, help="bound on the whole command")
+    device.add_argument("--out", required=True, help="output directory")
     inf = bench_sub.add_parser(
         "inference",
         help="jitted policy inference in fp32/bf16/int8 side by side: throughput and error vs fp32",
@@ -597,6 +608,19 @@ def _bench_inference(args) -> int:
         print(f"seedq bench inference: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else inference.format_table(result))
+    return 0
+
+
+def _bench_device(args) -> int:
+    """`seedq bench device` (seedq.bench.device)."""
+    from seedq.bench import device
+
+    try:
+        report = device.run(args.minutes, args.out)
+    except (ValueError, OSError) as e:
+        print(f"seedq bench device: {e}", file=sys.stderr)
+        return 1
+    print(device.summary_markdown(report), end="")
     return 0
 
 
@@ -848,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench_suite(args)
         if args.bench == "learner":
             return _bench_learner(args)
+        if args.bench == "device":
+            return _bench_device(args)
         if args.bench == "stuck":
             from seedq.bench import stuck
 

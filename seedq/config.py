@@ -826,7 +826,7 @@ CONTINUOUS_VTRACE = VTraceConfig(
 # ~650 on Pong here). Rewards are Atari's clipped +-1 unscaled, as IMPALA's:
 # under Adam, scaling the rewards by 0.1 is the same as a 10x entropy bonus,
 # and Pong's policy stayed uniform (entropy ln 6) through 1.1M agent steps
-# with it (docs/learning.md, "Pong").
+# with it (docs/benchmarks.md, "Pong: the reward scale and the entropy bonus").
 PIXEL_VTRACE = VTraceConfig(reuse=1, lookahead=0, reward_scale=1.0)
 
 # Observations count as pixels from this side up (uint8 frames): the Nature
