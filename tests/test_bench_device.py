@@ -56,8 +56,15 @@ def test_the_summary_shows_each_stage_or_why_it_has_no_result():
 
 
 @pytest.mark.unit
+def test_a_budget_too_short_for_training_goes_to_the_other_stages():
+    assert sum(device.stage_seconds(120).values()) == pytest.approx(120)
+    long = device.stage_seconds(1200)
+    assert long == {name: pytest.approx(share * 1200) for name, share in device.SHARES.items()}
+
+
+@pytest.mark.unit
 def test_a_budget_under_ten_minutes_times_batch_64_only():
-    shares = {name: share * 120 for name, share in device.SHARES.items()}
+    shares = device.stage_seconds(120)
     small = device.stage_commands(shares, 2, 2, "out")["inference"]
     large = device.stage_commands(shares, 30, 2, "out")["inference"]
     assert small[small.index("--batch") + 1] == "64"

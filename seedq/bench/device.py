@@ -75,6 +75,14 @@ def run_stage(argv: list[str], timeout: float, log_path: str) -> dict:
         return {"error": "printed no JSON result", "seconds": seconds}
 
 
+def stage_seconds(total: float) -> dict[str, float]:
+    """Each fixed stage's share of `total` seconds; when what they leave is
+    too short for training, the fixed stages share all of it."""
+    left = total * (1 - sum(SHARES.values())) - START_SECONDS
+    scale = 1.0 if left >= MIN_TRAIN_SECONDS else 1 / sum(SHARES.values())
+    return {name: share * scale * total for name, share in SHARES.items()}
+
+
 def stage_commands(seconds: dict[str, float], minutes: float, actors: int, out_dir: str) -> dict[str, list[str]]:
     """The `seedq` arguments of each stage for its share of `seconds`."""
     batches = "64" if minutes < SMALL_BUDGET_MINUTES else "64,256,1024"
@@ -102,8 +110,7 @@ def run(minutes: float, out_dir: str) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     report = {"minutes": minutes, "env": ENV, **devices_report(), "stages": {}}
     actors = os.cpu_count() or 1
-    total = minutes * 60
-    seconds = {name: share * total for name, share in SHARES.items()}
+    seconds = stage_seconds(minutes * 60)
     commands = stage_commands(seconds, minutes, actors, out_dir)
     for name in ("inference", "learner", "throughput"):
         budget = min(seconds[name], deadline - time.monotonic())
