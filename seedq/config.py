@@ -207,9 +207,8 @@ class EnvOptions:
 class VTraceConfig:
     """IMPALA / V-trace hyperparameters."""
 
-    # Short unrolls and small batches mean many updates per frame, which is
-    # what solves CartPole fastest (tuned with an in-process sweep: 16x10
-    # needs ~0.35M frames, 32x20 did not solve within 1.5M).
+    # Env steps per unroll trained on. Short unrolls and small batches give
+    # many updates per frame.
     unroll_length: int = 10
     batch_size: int = 16  # unrolls per train step
     # > 0: every unroll carries this many more steps, whose rewards and values
@@ -218,19 +217,13 @@ class VTraceConfig:
     # end without longer unrolls. The updates per frame and unrolls per batch
     # stay; the learner's network passes cover unroll_length + lookahead + 1
     # steps per unroll instead of unroll_length + 1, and the trained steps
-    # reach the learner `lookahead` steps later (staler). 30 (growing, below)
-    # since stop 40: LunarLander pays its +100 only after 25 still steps on the
-    # pad, beyond a 10-step return's reach, and its runs learned to land, then
-    # kept firing there; with it 6 of 6 ended at >= 0.95 of their best (stop
-    # 39's defaults 3 of 6; docs/learning.md, stop 40). 0 for Box actions.
+    # reach the learner `lookahead` steps later (staler). 0 for Box actions.
     lookahead: int = 30
     # true: the targets' reach past the unroll grows from 0 to `lookahead`
     # steps as the learning rate anneals (the same horizon; the whole
     # lookahead when the rate is constant): short returns while the policy
     # learns fast, long ones as it settles. The learner's compute per update is
-    # that of the whole lookahead from the start. On since stop 40: the whole
-    # lookahead from the start took CartPole to 475 in a median 224k frames
-    # and 21.4 s instead of 85k and 13.8 s; growing, 92k and 10.2 s.
+    # that of the whole lookahead from the start.
     grow_lookahead: bool = True
     discount: float = 0.99
     lambda_: float = 1.0
@@ -241,19 +234,15 @@ class VTraceConfig:
     # true: the entropy bonus falls to 0 with the learning rate (the same
     # linear anneal over learning_rate_decay_frames): it explores early and
     # lets the sampled policy, which the returns are measured on, sharpen as
-    # learning ends. Since stop 38: MinAtar SpaceInvaders' best 100-episode
-    # mean 2.3-2.5x and Breakout's 2.3-4x the constant bonus's within 5M
-    # frames (two seeds each); LunarLander, CartPole and Acrobot pass as
-    # before (docs/learning.md, stop 38).
+    # learning ends.
     anneal_entropy_cost: bool = True
-    # 3e-3 solved CartPole in fewer frames but let solved runs collapse to a
-    # constant action when trained on (docs/learning.md, "No unlearning").
+    # Adam's learning rate (the start of the anneal below).
     learning_rate: float = 1e-3
     # > 0: the learning rate falls linearly from learning_rate to 0 over this many
     # trained env frames (train steps x batch_size x unroll_length / reuse), then
     # stays 0; 0: constant; -1: over the run's budget, max_frames, or
-    # DEFAULT_DECAY_FRAMES when the run has none. Annealing is what keeps a
-    # solved run solved (docs/learning.md).
+    # DEFAULT_DECAY_FRAMES when the run has none. Annealing keeps a solved run
+    # from unlearning.
     learning_rate_decay_frames: int = -1
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0
@@ -263,36 +252,29 @@ class VTraceConfig:
     reward_clip: float = 0.0
     # Rewards are multiplied by this (after clipping): keeps value targets, and
     # so the value loss's share of the clipped gradient norm, moderate on
-    # dense-reward tasks (returns are reported unscaled). At 1, CartPole's and
-    # Acrobot's targets of about +-100 saturate the shared tanh torso and the
-    # policy stops depending on the state (docs/learning.md).
+    # dense-reward tasks, where large targets would saturate the shared tanh
+    # torso (returns are reported unscaled).
     reward_scale: float = 0.1
     # Divide the training rewards (after reward_clip and reward_scale) by the
     # running root mean square of the discounted return (the V-trace targets,
-    # in reward units), so value targets stay near unit scale on any env
-    # (docs/learning.md); the statistics live in the parameters ("return_stats").
+    # in reward units), so value targets stay near unit scale on any env; the
+    # statistics live in the parameters ("return_stats").
     normalize_returns: bool = False
     # Standardise the policy-gradient advantages over the batch's valid steps
     # (PPO's (A - mean) / std), so the policy's step size (and the entropy
-    # bonus's share of it) does not depend on the reward scale. Off: it sped
-    # up Acrobot but collapsed CartPole at every learning rate tried
-    # (docs/learning.md).
+    # bonus's share of it) does not depend on the reward scale.
     normalize_advantages: bool = False
     # Each batch of unrolls is trained on this many times in a row (sample
-    # reuse: fewer env frames per update). 4, with ppo_clip: the updates per
-    # frame that Pendulum, cartpole-swingup and LunarLander need (at 2 they
-    # stayed at 0.2-0.7 of their references; docs/learning.md, stop 22), and
-    # CartPole in 125k frames instead of 276k without reuse. It costs the
-    # learner 4x the compute per frame. Without ppo_clip, reuse 2 collapsed a
-    # CartPole seed. 8 for Box actions, with reuse_pool (CONTINUOUS_VTRACE).
+    # reuse: more updates per env frame, at that many times the learner's
+    # compute per frame); ppo_clip bounds how far the passes move the policy.
+    # 8 for Box actions, with reuse_pool (CONTINUOUS_VTRACE).
     reuse: int = 4
     # > 1: reuse as PPO's epochs: take this many batches' worth of unrolls at
     # once and make the `reuse` passes over them in shuffled batches of
     # batch_size unrolls, instead of `reuse` steps in a row on one batch. Same
-    # updates per frame; the policy lags by up to pool x reuse updates. 1: off
-    # for Discrete actions; 4 with reuse 8 for Box actions (CONTINUOUS_VTRACE,
-    # stop 33; alone it passed walker-walk in 3 of 6 seeds, with the wide
-    # value torso below 3 of 3; docs/learning.md). The run's seed orders the passes.
+    # updates per frame; the policy lags by up to pool x reuse updates. 1: off;
+    # 4 with reuse 8 for Box actions (CONTINUOUS_VTRACE). The run's seed
+    # orders the passes.
     reuse_pool: int = 1
     # > 0: the policy loss is PPO's clipped surrogate with this clip range, on
     # the ratio pi/mu to the behaviour policy and V-trace's advantages (APPO,
@@ -312,36 +294,25 @@ class VTraceConfig:
     initial_log_std: float = -0.5
     # Continuous actions: a floor under the Gaussian's std, in action units as
     # initial_log_std. The std is min_std + exp(log_std parameter), so it
-    # slows towards the floor instead of collapsing. 0 (no floor) stays the
-    # default: 0.35 kept walker-walk's std at 0.43-0.50, yet 4 of 5 seeds
-    # still stalled at 0.54-0.69 of the reference (docs/learning.md, stop 29).
+    # slows towards the floor instead of collapsing. 0: no floor.
     min_std: float = 0.0
     # false: the value head gets a torso of its own (common for continuous
     # control), so value regression does not shape the policy's features.
     shared_torso: bool = True
     # Sizes of the value torso's layers when shared_torso is false (empty: as
     # hidden_sizes). A wider value MLP than the policy's is the on-policy
-    # study's advice (Andrychowicz et al. 2020). 256,256 for Box actions
-    # (CONTINUOUS_VTRACE, stop 33): alone on the earlier Box defaults
-    # walker-walk 2 of 3 but cartpole-swingup 1 of 3; with reuse_pool 4,
-    # reuse 8 and learning_rate 3e-4 swingup 6 of 6, walker-walk 3 of 3
-    # (docs/learning.md, stops 32-33).
+    # study's advice (Andrychowicz et al. 2020); 256,256 for Box actions
+    # (CONTINUOUS_VTRACE).
     value_hidden_sizes: tuple[int, ...] = ()
     # Normalise vector observations by their running mean and std (learner-side
-    # statistics, published with the parameters); common for continuous control.
-    # Off for Box actions too: it took dmc:walker-walk from 0.68 to past its
-    # reference but held cartpole-swingup at 0.40 (docs/learning.md, stop 23).
+    # statistics, published with the parameters).
     normalize_observations: bool = False
     # LayerNorm in the MLP torsos (not the CNNs), before the tanh: none,
     # first_layer (where the observation comes in) or all_layers. Inputs of
     # different spreads (walker-walk's joint velocities beside its height,
     # LunarLander's positions beside its leg contacts) then neither saturate
-    # the torso nor need statistics that move as the policy learns. Box
-    # actions since stop 24: walker-walk 0.68 -> 1.22 of its reference.
-    # Discrete actions since stop 37: LunarLander past 0.9 of its reference
-    # in 8 of 9 seeds over three sittings (without: 5 of 12), CartPole and
-    # Acrobot 3 of 3 as before; MinAtar's and Atari's CNNs have none
-    # (docs/learning.md, stop 37).
+    # the torso nor need statistics that move as the policy learns. The CNNs
+    # (MinAtar, Atari) have none.
     layer_norm: str = "all_layers"
 
 
@@ -351,8 +322,6 @@ class R2D2Config:
 
     Sequences are burn_in + trace_length + n_step steps long and overlap by
     burn_in + n_step, so every step is in exactly one sequence's loss region.
-    The defaults reach CartPole-v1's 475 and Acrobot-v1's -100 in 3 of 3
-    seeds within 500k frames (docs/learning.md, "R2D2").
     """
 
     # Steps that only warm up the LSTM state (no loss, no gradient) before the loss region.
@@ -362,14 +331,13 @@ class R2D2Config:
     # Steps summed before bootstrapping (n-step double Q-learning).
     n_step: int = 5
     discount: float = 0.99
-    # Sequences per train step. 16 at replay_ratio 8 gives as many updates per
-    # frame as 32 at 16 for about a third of the CPU time on MinAtar's CNN.
+    # Sequences per train step.
     batch_size: int = 16
     learning_rate: float = 1e-3
     # As vtrace.learning_rate_decay_frames: linear to 0 over this many env
     # frames (a train step counts batch_size x trace_length / replay_ratio of
     # them), 0: constant, -1: over the run's budget (DEFAULT_DECAY_FRAMES
-    # without one). A constant rate let solved CartPole runs fall back (docs/learning.md, "R2D2").
+    # without one).
     learning_rate_decay_frames: int = -1
     adam_eps: float = 1e-8
     # Gradients are clipped to this global norm.
@@ -390,9 +358,8 @@ class R2D2Config:
     # Epsilon of the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + eps x.
     value_rescaling_eps: float = 1e-3
     # Replay capacity in sequences; the oldest are evicted beyond it (FIFO).
-    # At 4000 (80k steps) a solved CartPole run's replay held only successful
-    # episodes and 1 seed of 3 fell back from 500 (docs/learning.md, "R2D2").
-    # Full, it holds 20000 x (burn_in + trace_length + n_step) observations:
+    # A small replay fills with the successful episodes of a solved run only,
+    # which it then unlearns from. Full, it holds 20000 x (burn_in + trace_length + n_step) observations:
     # ~0.3 GB of MinAtar's 10x10x4, ~5 GB of Atari's 84x84 frames.
     replay_capacity: int = 20000
     # Training starts once replay holds this many sequences.
@@ -404,8 +371,7 @@ class R2D2Config:
     # Sequence priority = eta * max|td| + (1 - eta) * mean|td|.
     priority_eta: float = 0.9
     # Average number of times each sequence is sampled (0: no control; the
-    # learner samples as fast as it can and every sequence is inserted). At 4,
-    # 500k frames were ~3k updates and CartPole reached 475 in 1 seed of 3.
+    # learner samples as fast as it can and every sequence is inserted).
     replay_ratio: float = 8.0
     # Per-env exploration epsilon_i = base ** (1 + alpha * i / (N - 1)) over the
     # N = num_actors * envs_per_actor - eval_envs training envs (Ape-X / R2D2).
@@ -420,7 +386,7 @@ class R2D2Config:
     # least-exploring env when none does), so it measures the near-greedy
     # policy, as DQN's evaluation epsilons of 0.001-0.05 do; the spread's most
     # exploring envs end the most episodes and would dominate a mean over all.
-    # 1: every env. With 64 envs, 27 report (docs/learning.md, "R2D2").
+    # 1: every env.
     report_epsilon: float = 0.01
     # Save the replay (sequences, priorities, counters) with the newest
     # checkpoint and restore it on --resume; false: a resumed run refills an
@@ -780,24 +746,17 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
     return dataclasses.replace(section, learning_rate_decay_frames=horizon)
 
 
-# V-trace defaults for Box (continuous) action spaces, measured on
-# dmc:cartpole-swingup (docs/benchmarks.md, issue 3): longer unrolls with
-# lambda 0.95, a smaller learning rate, and a separate value torso. No entropy
-# bonus (as in PPO's continuous-control setups): on the state-independent
-# log-std even 0.001 outweighed the small advantages, so walker-walk's
-# entropy rose from 5.5 to 7.3 while it learned, and cartpole-swingup reached
-# 0.71-1.13 of its reference instead of 1.14-1.27 (docs/learning.md, stop 22).
-# Both action families share the reward scale, the LayerNorm in every MLP
-# torso layer (VTraceConfig.layer_norm) and the anneal.
+# V-trace defaults for Box (continuous) action spaces: longer unrolls with
+# lambda 0.95, no lookahead, a smaller learning rate, the 8 passes as shuffled
+# epochs over 4 batches, a separate and wider value torso, and no entropy
+# bonus (as in PPO's continuous-control setups: on the state-independent
+# log-std a bonus outweighs the small advantages). Both action families share
+# the reward scale, the LayerNorm in every MLP torso layer
+# (VTraceConfig.layer_norm) and the anneal.
 CONTINUOUS_VTRACE = VTraceConfig(
     unroll_length=20,
-    # Not measured with a lookahead (the Box suite passes without one).
     lookahead=0,
     lambda_=0.95,
-    # Stop 33 (docs/learning.md): the value torso at 256 x 256 beside the
-    # policy's 64 x 64, the 8 passes as shuffled epochs over 4 batches, and
-    # 3e-4 (was 5e-4, reuse 4, one torso size): walker-walk 3 of 3, swingup
-    # 6 of 6 over two sittings, Pendulum 3 of 3; before: 4 of 6 and 3 of 6.
     learning_rate=3e-4,
     reuse=8,
     reuse_pool=4,
@@ -890,9 +849,8 @@ def read_json(path: str) -> dict:
 
 # Fields a saved config may lack because it was written before they existed,
 # and the value that then meant what that run did (where today's default
-# differs from it): a run from before stop 24 had no LayerNorm, one from
-# before stop 38 a constant entropy bonus, one from before stop 40 targets
-# cut at the unroll's end.
+# differs from it): older runs had no LayerNorm, a constant entropy bonus and
+# targets cut at the unroll's end.
 FORMER_DEFAULTS = {
     ("vtrace", "layer_norm"): "none",
     ("vtrace", "anneal_entropy_cost"): False,
