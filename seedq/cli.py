@@ -101,14 +101,18 @@ def _saved_config(run_dir: str, flag: str) -> TrainConfig:
         raise FileNotFoundError(f"{flag} {run_dir}: config.json cannot be read ({e})") from None
 
 
-def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
-    """The config of `seedq train|learner` and the run directory to resume (None: a fresh run).
+def run_config(args: argparse.Namespace):
+    """The run of `seedq train|learner` (a `seedq.run_setup.PreparedRun`: the
+    config resolved and validated, the env spec built) and the run directory to
+    resume (None: a fresh run).
 
     Layers, later ones winning: the defaults for the env (or, resuming, the
     run's saved config.json), the `--config` file, the flags given. `--resume
     auto` resumes the run directory (`--logdir`, or the file's `logdir`) when it
     holds a checkpoint and starts a fresh run in it otherwise.
     """
+    from seedq import run_setup
+
     import os
 
     data = config_lib.read_json(args.config) if getattr(args, "config", None) else {}
@@ -130,16 +134,19 @@ def run_config(args: argparse.Namespace) -> tuple[TrainConfig, str | None]:
         if resume is None:
             args.logdir = run_dir  # a fresh run, in that directory
     if resume is None:
-        base = with_file(_default_config(args.env or data.get("env")))
-        config = config_from_args(args, base=base)
+        # The env and its options come from the file and the flags alone; the
+        # other defaults depend on the env's spec, built here once for the run.
+        given = config_from_args(args, base=with_file(TrainConfig()))
+        spec = run_setup.build_env_spec(given)
+        config = config_from_args(args, base=with_file(run_setup.defaults_for_env(spec, given.env)))
         if config.distributed.explicit and not config.logdir:
             # (A default run directory is named by time and pid: one per process.)
             raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
-        return config.resolved(), None
+        return run_setup.prepare(config, spec), None
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(_saved_config(resume, "--resume"))
-    return dataclasses.replace(config_from_args(args, base=base), logdir=resume), resume
+    return run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume)), resume
 
 
 def _add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
@@ -738,8 +745,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("train", "learner"):
         try:
-            config, resume = run_config(args)
-            config.validate()
+            run, resume = run_config(args)
         except (FileNotFoundError, OSError) as e:
             print(f"seedq {args.command}: {e.args[0] if isinstance(e, FileNotFoundError) else e}",
                   file=sys.stderr)
@@ -747,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError) as e:
             print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 2
+        config = run.config
         if args.command == "learner" and not config.address:
             print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
                   file=sys.stderr)
@@ -775,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             summary = local.train(
-                config, quiet=args.quiet, started=COMMAND_STARTED,
+                run, quiet=args.quiet, started=COMMAND_STARTED,
                 with_actors=args.command == "train", resume=resume,
             )
         except (ValueError, OSError) as e:
