@@ -5,8 +5,11 @@
   <token>` call metadata on every RPC and checked by a server interceptor
   with a constant-time compare. The standard gRPC health service is exempt
   from the token: Kubernetes' gRPC probes cannot send metadata.
-* The refusal rule: a learner on a non-loopback TCP address needs TLS or a
-  token, or an explicit `insecure`. Unix sockets need neither (mode 0600).
+* The refusal rule: a learner that other hosts (or, for an abstract unix
+  socket, other local users) can reach needs client authentication - a
+  bearer token or mutual TLS (a client CA) - or an explicit `insecure`.
+  Server-only TLS does not count: it proves the learner to the actor, not
+  the actor to the learner. Path unix sockets need neither (mode 0600).
 * Dead peers: gRPC keepalive pings on both ends (a connection that answers
   no ping within the timeout is closed) and, on the server, an idle deadline
   on every actor stream (`IdleWatchdog`), since a preempted VM sends no FIN.
@@ -24,6 +27,7 @@ import os
 
 import grpc
 
+from seedq import exit_codes
 from seedq.config import ActorChannelConfig, AuthConfig, TlsConfig, TrainConfig
 
 log = logging.getLogger("seedq.server")
@@ -73,9 +77,14 @@ def read_token(path: str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """True for unix sockets and TCP addresses on a loopback interface."""
-    if address.startswith(("unix:", "unix-abstract:")):
+    """True for path unix sockets and TCP addresses on a loopback interface:
+    addresses only this host's users can reach. An abstract unix socket
+    (`unix-abstract:`) has no file mode, so any local user can connect: it
+    is not counted as loopback."""
+    if address.startswith("unix:"):
         return True
+    if address.startswith("unix-abstract:"):
+        return False
     host = address.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
         return True
@@ -85,16 +94,36 @@ def is_loopback(address: str) -> bool:
         return False  # a hostname (may resolve to anything) or 0.0.0.0 / [::]-style wildcards
 
 
-def check_exposure(config: TrainConfig, address: str) -> None:
-    """ValueError (one line) when the learner would serve a non-loopback TCP
-    address to anyone: neither TLS nor a token, and no `--insecure`."""
-    if is_loopback(address) or config.tls.enabled or config.auth.token_file or config.insecure:
-        return
-    raise ValueError(
-        f"refusing to serve {address} without credentials: anyone who reaches it could feed "
-        "training data; give --tls.cert/--tls.key and/or --auth.token-file "
-        "(`seedq certs` makes a CA and certificates), or --insecure to serve it anyway"
+def authenticates_clients(*, client_ca: bool, token: bool) -> bool:
+    """Whether the learner can tell its actors from anyone else who reaches
+    the port: a bearer token or a client CA (mutual TLS). Server-only TLS
+    encrypts but proves nothing about the peer."""
+    return bool(client_ca or token)
+
+
+def unauthenticated_exposure(where: str, how_to_fix: str) -> str:
+    """The one-line refusal shared by the learner and the launchers."""
+    return (
+        f"refusing to serve {where} without client authentication: anyone who reaches it could feed "
+        f"training data and take the model; {how_to_fix} (server-only TLS authenticates nobody), "
+        "or --insecure to serve it anyway"
     )
+
+
+def check_exposure(config: TrainConfig, address: str) -> None:
+    """ValueError (one line) when the learner would serve an address others
+    can reach without authenticating them (no token, no client CA) and
+    without `--insecure`. A token over plaintext is allowed (private
+    networks) with one warning line that it travels in clear."""
+    if is_loopback(address) or config.insecure:
+        return
+    if not authenticates_clients(client_ca=bool(config.tls.client_ca), token=bool(config.auth.token_file)):
+        raise exit_codes.UsageError(unauthenticated_exposure(
+            address, "give a client CA (--tls.client-ca, mutual TLS) and/or a token (--auth.token-file) "
+            "(`seedq certs` makes a CA and certificates)"))
+    if config.auth.token_file and not config.tls.enabled:
+        log.warning("the bearer token travels in clear on %s (no TLS): any host on the path can read "
+                    "and replay it; use it on a private network only, or add --tls.cert/--tls.key", address)
 
 
 # --- server side ---

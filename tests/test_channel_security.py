@@ -105,7 +105,7 @@ def pki(tmp_path_factory):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("address, loopback", [
-    ("unix:/tmp/x.sock", True), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
+    ("unix:/tmp/x.sock", True), ("unix-abstract:x", False), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
     ("localhost:50051", True), ("[::1]:50051", True),
     ("0.0.0.0:50051", False), ("[::]:50051", False), ("10.0.0.5:50051", False),
     ("learner.example.com:50051", False),
@@ -117,12 +117,39 @@ def test_loopback_addresses(address, loopback):
 @pytest.mark.unit
 def test_exposure_rule():
     public = "0.0.0.0:50051"
-    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without credentials"):
+    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without client authentication"):
         channel.check_exposure(TrainConfig(), public)
     channel.check_exposure(TrainConfig(), "127.0.0.1:50051")
     channel.check_exposure(TrainConfig(insecure=True), public)
     channel.check_exposure(TrainConfig(auth=AuthConfig(token_file="t")), public)
-    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), public)
+    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k", client_ca="ca")), public)
+    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k"), auth=AuthConfig(token_file="t")), public)
+
+
+@pytest.mark.unit
+def test_server_only_tls_is_not_client_authentication():
+    """TLS without a client CA proves the learner to the actor, not the actor
+    to the learner: off-host it is refused, naming both ways to authenticate."""
+    with pytest.raises(ValueError) as refused:
+        channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), "0.0.0.0:50051")
+    message = str(refused.value)
+    assert "--tls.client-ca" in message and "--auth.token-file" in message and "\n" not in message
+
+
+@pytest.mark.unit
+def test_an_abstract_unix_socket_needs_credentials():
+    """An abstract socket has no file mode: every local user can connect."""
+    with pytest.raises(ValueError, match="without client authentication"):
+        channel.check_exposure(TrainConfig(), "unix-abstract:seedq")
+    channel.check_exposure(TrainConfig(), "unix:/tmp/seedq.sock")
+
+
+@pytest.mark.unit
+def test_a_token_in_clear_is_allowed_with_one_warning(caplog):
+    caplog.set_level("WARNING", logger="seedq.server")
+    channel.check_exposure(TrainConfig(auth=AuthConfig(token_file="t")), "10.0.0.5:50051")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "in clear" in warnings[0]
 
 
 @pytest.mark.e2e
@@ -133,7 +160,7 @@ def test_learner_on_a_public_address_without_credentials_refuses_to_start(tmp_pa
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"refusing to serve 0.0.0.0:{port} without credentials" in lines[0]
+    assert f"refusing to serve 0.0.0.0:{port} without client authentication" in lines[0]
     assert "--insecure" in lines[0] and "Traceback" not in result.stderr
     with socket.socket() as s:  # it never listened
         assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -266,6 +266,8 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
     (["--accelerator", "quantum", "--image", "i"], "--accelerator quantum"),
     (["--accelerator", "cpu", "--image", "i", "--address", "0.0.0.0:1"], "--address is set by the render"),
     (["--accelerator", "cpu", "--image", "i", "--tls-mode", "none", "--token-secret", ""], "--insecure"),
+    (["--accelerator", "cpu", "--image", "i", "--tls-mode", "server", "--token-secret", ""],
+     "--tls-mode mutual"),
     (["--accelerator", "cpu", "--image", "i", "--logdir", "runs/x"], "under /runs/"),
     (["--accelerator", "cpu", "--image", "i", "--name", "Pong_TPU"], "a DNS label"),
 ])
@@ -426,6 +428,9 @@ def test_teardown_and_refusals(token):
     assert code == 2 and "--auth.token-file" in err and err.count("\n") == 1
     code, out, err = run_cli(["launch", "gpu-vm", "--zone", "z", "--dry-run", "--auth.token-file", "/no/such"])
     assert code == 2 and "/no/such: no such file" in err
+    # Server-only TLS authenticates no actor: refused like no credentials at all.
+    code, out, err = run_cli(["launch", "gpu-vm", "--zone", "z", "--dry-run", "--tls.cert", token, "--tls.key", token])
+    assert code == 2 and "--tls.client-ca" in err and "--auth.token-file" in err and err.count("\n") == 1
 
 
 @pytest.mark.e2e

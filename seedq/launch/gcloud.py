@@ -32,6 +32,7 @@ import shlex
 import subprocess
 import time
 
+from seedq import channel
 from seedq.config import TrainConfig
 from seedq.launch.options import RUNTIME_VERSIONS, VmOptions
 
@@ -212,11 +213,11 @@ def _actor_steps(config: TrainConfig, opts: VmOptions, address: str) -> list[Ste
 
 
 def check_credentials(config: TrainConfig) -> None:
-    if not (config.tls.enabled or config.auth.token_file or config.insecure):
-        raise ValueError(
-            "the learner listens on its VM's network: give --auth.token-file FILE and/or "
-            "--tls.cert/--tls.key (or --insecure to let anyone who reaches the port feed training data)"
-        )
+    if not (config.insecure or channel.authenticates_clients(
+            client_ca=bool(config.tls.client_ca), token=bool(config.auth.token_file))):
+        raise ValueError(channel.unauthenticated_exposure(
+            "the learner on its VM's network",
+            "give a token (--auth.token-file FILE) and/or a client CA (--tls.client-ca with --tls.cert/--tls.key)"))
     for path in learner_files(config):
         if not os.path.isfile(path):
             raise ValueError(f"{path}: no such file (a credential to copy to the VMs)")
