@@ -24,6 +24,8 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
+import stat
 
 import grpc
 
@@ -228,11 +230,51 @@ async def add_health_service(*servers: grpc.aio.Server):
     return set_serving
 
 
-def listen_unix(server: grpc.aio.Server, address: str) -> int:
-    """Binds a unix socket readable and writable by its owner only (mode 0600)."""
-    path = address[len("unix:"):]
-    if os.path.exists(path):
+def claim_unix_path(path: str) -> None:
+    """Makes `path` free for a new socket: removes a stale socket (one that
+    nobody listens on: a crashed learner's), and raises OSError (one line)
+    for anything else there - a file that is not a socket, or the socket of
+    a learner that is still serving."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path}: exists and is not a socket; refusing to replace it (choose another --address)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
         os.unlink(path)  # a stale socket from a crashed learner
+        return
+    except FileNotFoundError:
+        return
+    finally:
+        probe.close()
+    raise OSError(f"{path}: another process is serving on this socket (another learner?)")
+
+
+def socket_identity(path: str) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def remove_unix_socket(path: str, identity: tuple[int, int]) -> None:
+    """Removes the socket this learner bound at `path`, unless something
+    else has taken the path since (another learner's socket stays)."""
+    try:
+        if socket_identity(path) == identity:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def listen_unix(server: grpc.aio.Server, address: str) -> tuple[int, tuple[int, int] | None]:
+    """Binds a unix socket readable and writable by its owner only (mode
+    0600); returns (gRPC's port, the socket file's identity for
+    `remove_unix_socket`)."""
+    path = address[len("unix:"):]
+    claim_unix_path(path)
     # The umask makes the socket 0600 from its creation on (no window where
     # another local user could connect); the learner has no other threads
     # creating files yet while it starts serving.
@@ -241,9 +283,19 @@ def listen_unix(server: grpc.aio.Server, address: str) -> int:
         port = server.add_insecure_port(address)
     finally:
         os.umask(previous)
-    if port:
-        os.chmod(path, 0o600)
-    return port
+    if not port:
+        return port, None
+    os.chmod(path, 0o600)
+    return port, socket_identity(path)
+
+
+def health_host(address: str) -> str:
+    """Where the plaintext health port listens: the learner's own interface
+    for a TCP address (all of them for a wildcard), loopback for a unix
+    socket, so probes reach no further than the learner itself does."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return "127.0.0.1"
+    return address.rsplit(":", 1)[0]
 
 
 class IdleWatchdog:

@@ -290,6 +290,61 @@ def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp
 
 
 @pytest.mark.e2e
+def test_binding_a_unix_socket_replaces_only_a_stale_socket(tmp_path):
+    """A file that is not a socket, or the socket of a learner still serving,
+    is refused in one line and left as it was; a crashed learner's socket
+    (nobody listening) is replaced."""
+    not_a_socket = tmp_path / "notes.txt"
+    not_a_socket.write_text("keep me")
+    stale = tmp_path / "stale.sock"
+    crashed = socket.socket(socket.AF_UNIX)
+    crashed.bind(str(stale))
+    crashed.close()  # bound, never listening: what a killed learner leaves
+
+    async def main():
+        with pytest.raises(OSError, match="exists and is not a socket"):
+            await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{not_a_socket}")
+        first, address, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{stale}")
+        try:
+            with pytest.raises(OSError, match="another process is serving on this socket"):
+                await start_server(seed_pb2_grpc.LearnerServicer(), address)
+        finally:
+            await first.stop(None)
+
+    asyncio.run(main())
+    assert not_a_socket.read_text() == "keep me"
+    assert not stale.exists()  # removed by the learner that bound it
+
+
+@pytest.mark.e2e
+def test_a_learner_removes_its_own_socket_only(tmp_path):
+    """Of two learners that bound one path in turn (the first one's socket file
+    was removed meanwhile), the first to stop leaves the second's socket."""
+    path = tmp_path / "learner.sock"
+
+    async def main():
+        first, _, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{path}")
+        os.unlink(path)
+        second, _, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{path}")
+        await first.stop(None)
+        still_there = path.exists()
+        await second.stop(None)
+        return still_there
+
+    assert asyncio.run(main()) is True
+    assert not path.exists()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("address, host", [
+    ("unix:/tmp/l.sock", "127.0.0.1"), ("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:50051", "0.0.0.0"),
+    ("10.0.0.5:50051", "10.0.0.5"), ("[::]:50051", "[::]"),
+])
+def test_the_health_port_listens_where_the_learner_does(address, host):
+    assert channel.health_host(address) == host
+
+
+@pytest.mark.e2e
 def test_certs_command_writes_a_ca_and_keys_only_the_owner_can_read(tmp_path):
     from cryptography import x509
 
