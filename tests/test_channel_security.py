@@ -481,3 +481,28 @@ def test_idle_watchdog_closes_only_streams_waiting_on_a_silent_actor():
     silent, busy = asyncio.run(main())
     assert isinstance(silent, asyncio.CancelledError)
     assert busy == "served"
+
+
+@pytest.mark.unit
+def test_certs_never_write_a_key_into_a_file_others_can_read(tmp_path, monkeypatch):
+    """A key file left world-readable by an earlier run is replaced by a new
+    0600 file, not rewritten in place and restricted afterwards: at each
+    write of key material the file written to is already owner-only."""
+    out = tmp_path / "pki"
+    out.mkdir()
+    for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
+        (out / name).write_text("old")
+        os.chmod(out / name, 0o644)
+    modes_at_write = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        modes_at_write.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    paths = certs_lib.make(str(out), hosts=("localhost",))
+    monkeypatch.undo()
+    assert modes_at_write.count(0o600) >= 4 and set(modes_at_write) <= {0o600, 0o644}
+    for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
+        assert stat.S_IMODE(os.stat(paths[name] if name in paths else out / name).st_mode) == 0o600

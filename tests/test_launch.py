@@ -381,6 +381,33 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     assert "--allow=tcp:50051" in firewall and "--source-tags=seedq-actor" in firewall
 
 
+@pytest.mark.unit
+def test_actor_vms_hold_the_least_they_need(token):
+    """Their own service account (one role: reading the run's secrets), not the
+    project's default account; actors as an unprivileged user; one pinned
+    install, not `pip install seedq` of whatever the index has at every boot."""
+    import seedq
+
+    script = dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token)
+    commands = _commands(script)
+    template = next(c for c in commands if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
+    account = "seedq-actor@proj.iam.gserviceaccount.com"
+    assert f"--service-account={account}" in template
+    assert ["gcloud", "secrets", "add-iam-policy-binding", "seedq-token", f"--member=serviceAccount:{account}",
+            "--role=roles/secretmanager.secretAccessor", "--project", "proj"] in commands
+    startup = _heredoc(script)
+    subprocess.run(["bash", "-n"], input=startup, text=True, check=True)
+    assert "User=seedq" in startup.splitlines()
+    assert f"INSTALLED=seedq=={seedq.__version__}" in startup.splitlines()
+    assert 'if [ "$(cat /opt/seedq/installed 2>/dev/null)" != "$INSTALLED" ]; then' in startup
+    down = _commands(dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token, "--down"))
+    assert ["gcloud", "iam", "service-accounts", "delete", account, "--quiet", "--project", "proj"] in down
+    # Without secrets to read, the VMs get no account at all.
+    insecure = _commands(dry_run("gpu-vm", "--zone", "z", "--insecure"))
+    template = next(c for c in insecure if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
+    assert "--no-service-account" in template and "--no-scopes" in template
+
+
 @pytest.mark.e2e
 def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(token, tmp_path):
     script = dry_run("gpu-vm", "--zone", "europe-west4-a", "--auth.token-file", token,
