@@ -13,7 +13,9 @@ continues the same W&B run. `WANDB_MODE=offline` writes it under
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import secrets
 
 RUN_ID_FILE = "wandb-run-id"
 
@@ -42,18 +44,16 @@ def run_id(logdir: str, new_id) -> str:
 
 class WandbSink:
     def __init__(self, config):
-        from seedq import config as config_lib
-
         wandb = _import_wandb()
         options = config.wandb
         self._run = wandb.init(
             project=options.project,
             entity=options.entity or None,
             name=options.name or os.path.basename(os.path.normpath(config.logdir)),
-            id=run_id(config.logdir, wandb.util.generate_id),
+            id=run_id(config.logdir, lambda: secrets.token_hex(6)),
             resume="allow",
             dir=config.logdir,
-            config=config_lib.to_dict(config),
+            config=dataclasses.asdict(config),
         )
         self._run.define_metric("frames")
         self._run.define_metric("*", step_metric="frames")
