@@ -73,3 +73,18 @@ def test_trained_and_dropped_frames_account_for_the_frames_stepped():
     slack = (16 + config.vtrace.batch_size + 8) * unroll * 2 / seconds
     accounted = result["trained_fps"] + result["dropped_fps"]
     assert accounted == pytest.approx(result["system_fps"], abs=slack)
+
+
+@pytest.mark.e2e
+def test_the_cli_resolves_the_envs_defaults_and_passes_agent_flags_through(capsys):
+    """As `seedq train`: Pong's pixel defaults, then the --vtrace.* flags given."""
+    import json
+
+    from seedq import cli
+
+    argv = ["bench", "throughput", "--env", "ALE/Pong-v5", "--actors", "1", "--envs-per-actor", "2",
+            "--seconds", "1", "--warmup-seconds", "0.5", "--json", "--no-train", "--vtrace.unroll-length", "5"]
+    assert cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["vtrace.reuse"], result["vtrace.lookahead"], result["vtrace.unroll_length"]) == (1, 0, 5)
+    assert result["system_fps"] > 0

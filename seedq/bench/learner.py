@@ -168,7 +168,6 @@ def run(config, seconds: float = 5.0) -> dict:
     jax_setup.configure()
     spec = env_spec(config.env, config.env_options)
     agent = make_agent(config, spec)
-    section = getattr(config, config.agent)
     result = {
         "env": config.env,
         "agent": config.agent,
@@ -176,18 +175,24 @@ def run(config, seconds: float = 5.0) -> dict:
         "observation_shape": list(spec.obs_shape),
         "precision": config.precision,
         "device": str(jax.devices()[0]),
-        **{f"{config.agent}.{k}": getattr(section, k) for k in _SHOWN_FIELDS[config.agent]},
+        **learner_fields(config),
     }
     result.update(measure_training(config, agent, spec, seconds, config.seed))
     result.update(measure_inference(config, agent, spec, seconds, config.seed))
     return result
 
 
-# The agent fields that set the learner's work per frame, echoed in the result.
+# The agent fields that set the learner's work per frame, echoed in the results.
 _SHOWN_FIELDS = {
     "vtrace": ("batch_size", "unroll_length", "lookahead", "reuse"),
     "r2d2": ("batch_size", "burn_in", "trace_length", "n_step", "replay_ratio"),
 }
+
+
+def learner_fields(config) -> dict:
+    """{"vtrace.reuse": 1, ...}: the run's agent fields that set the learner's work per frame."""
+    section = getattr(config, config.agent)
+    return {f"{config.agent}.{k}": getattr(section, k) for k in _SHOWN_FIELDS[config.agent]}
 
 
 def format_table(result: dict) -> str:

@@ -220,6 +220,7 @@ def run(
     defaults, as `seedq train` resolves them)."""
     import dataclasses
 
+    from seedq.bench.learner import learner_fields
     from seedq.config import DevicesConfig, ServerConfig
     from seedq.flags import env_defaults
 
@@ -236,6 +237,8 @@ def run(
         "envs_per_actor": envs_per_actor,
         "seconds": seconds,
         "training": train,
+        "agent": config.agent,
+        **learner_fields(config),
         "system_fps": system["system_fps"],
         "raw_env_fps": raw,
         "ratio_system_to_raw": system["system_fps"] / raw if raw else None,
