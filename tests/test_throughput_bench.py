@@ -88,3 +88,26 @@ def test_the_cli_resolves_the_envs_defaults_and_passes_agent_flags_through(capsy
     result = json.loads(capsys.readouterr().out)
     assert (result["vtrace.reuse"], result["vtrace.lookahead"], result["vtrace.unroll_length"]) == (1, 0, 5)
     assert result["system_fps"] > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("rule, drops", [("wait", False), ("drop_oldest", True)])
+def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, rule, drops):
+    from seedq.config import ServerConfig, TrainConfig
+    from seedq.learner.learner import Learner
+
+    config = TrainConfig(env="CartPole-v1", logdir=str(tmp_path), server=ServerConfig(queue_full=rule))
+    config.validate()
+    learner = Learner(config, f"unix:{tmp_path}/l.sock")
+    try:
+        assert learner.queue.drop_oldest is drops
+    finally:
+        learner.stop()
+
+
+@pytest.mark.unit
+def test_an_unknown_queue_full_rule_is_one_line():
+    from seedq.config import ServerConfig
+
+    with pytest.raises(ValueError, match=r"^server.queue_full='drop': choose one of wait, drop_oldest$"):
+        ServerConfig(queue_full="drop").validate()
