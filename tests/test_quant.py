@@ -24,6 +24,7 @@ from jax import lax
 
 from seedq import config as config_lib
 from seedq import quant
+from seedq.agents import inputs
 from seedq.quant import layers as qlayers
 from seedq.quant import plan as qplan
 from seedq.quant import quantize as qz
@@ -339,7 +340,7 @@ def test_uint8_pixels_are_used_exactly():
     class PixelConv(nn.Module):
         @nn.compact
         def __call__(self, obs):
-            return nn.Conv(8, (4, 4), strides=(2, 2), padding="VALID")(qlayers.scale_pixels(obs))
+            return nn.Conv(8, (4, 4), strides=(2, 2), padding="VALID")(inputs.scale_pixels(obs))
 
     net = PixelConv()
     obs = RNG.integers(0, 256, (2, 12, 12, 4), dtype=np.uint8)

@@ -11,9 +11,7 @@ from seedq.quant.layers import (
     OUTPUT_LAYER_NAMES,
     apply,
     find_layers,
-    observation_input,
     quantizable_paths,
-    scale_pixels,
 )
 from seedq.quant.plan import Int8Plan, make_plan
 from seedq.quant.quantize import (
@@ -30,10 +28,8 @@ __all__ = [
     "apply",
     "find_layers",
     "make_plan",
-    "observation_input",
     "publish",
     "quantizable_paths",
     "quantize_per_channel",
     "quantize_rows",
-    "scale_pixels",
 ]

@@ -20,14 +20,16 @@ dueling-head combination) runs unchanged, in fp32. Floating outputs of
 `apply` are fp32 whatever the precision. LSTM/GRU cells made of
 `nn.Dense` (flax's `LSTMCell`, `GRUCell`) are covered by the Dense rule.
 
-Pixels: networks turn uint8 frames into floats with `scale_pixels`. Inside an
-int8 apply that call remembers the raw uint8 array, and a layer fed exactly
-that value uses the integers as they are (scale 1/255) instead of
-re-quantizing them.
+Pixels: networks turn uint8 frames into floats with the input hook
+`seedq.agents.inputs.scale_pixels`, which an apply here watches. Inside an
+int8 apply the raw uint8 array is remembered, and a layer fed exactly that
+value uses the integers as they are (scale 1/255) instead of re-quantizing
+them.
 
 Float observations: networks pass a float observation to their first layer
-through `observation_input`; that layer (the input layer of an MLP torso)
-stays fp32 in int8 mode, like the output layers (see `quantizable_paths`).
+through the hook `observation_input`; that layer (the input layer of an MLP
+torso) stays fp32 in int8 mode, like the output layers (see
+`quantizable_paths`).
 
 Convolutions have three int8 implementations, all exact (bit-identical int32):
   * "patches": the padded int8 input is cut into kh*kw strided slices,
@@ -59,12 +61,13 @@ fp32 in the published parameters and run unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -72,6 +75,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from seedq.agents import inputs
+from seedq.agents.inputs import scale_pixels
 from seedq.quant import quantize as qz
 
 CONV_IMPLS = ("patches", "native", "s2d")
@@ -104,31 +109,30 @@ class _ApplyState:
         hit = self.observations.get(id(x))
         return hit is not None and hit is x
 
+    # The input hooks' observer (seedq.agents.inputs.InputObserver).
+    def saw_pixels(self, scaled, raw, scale: float) -> None:
+        if self.precision == "int8" and raw.dtype == jnp.uint8:
+            self.pixels[id(scaled)] = (scaled, raw, scale)
+
+    def saw_observation(self, x) -> None:
+        self.observations[id(x)] = x
+
 
 _ACTIVE: contextvars.ContextVar[_ApplyState | None] = contextvars.ContextVar(
     "seedq_quant_apply", default=None
 )
 
 
-def scale_pixels(x: jax.Array, scale: float = 1.0 / 255.0) -> jax.Array:
-    """Integer pixels -> float32 `x * scale`; int8-aware (see the module docstring)."""
-    y = x.astype(jnp.float32) * jnp.float32(scale)
-    state = _ACTIVE.get()
-    if state is not None and state.precision == "int8" and x.dtype == jnp.uint8:
-        state.pixels[id(y)] = (y, x, float(scale))
-    return y
-
-
-def observation_input(x: jax.Array) -> jax.Array:
-    """Marks `x` as the network's float observation, as fed to its first layer.
-
-    Returns `x` unchanged; `find_layers` records which layers consume it, and
-    `quantizable_paths` leaves those in fp32.
-    """
-    state = _ACTIVE.get()
-    if state is not None:
-        state.observations[id(x)] = x
-    return x
+@contextlib.contextmanager
+def _active(state: _ApplyState) -> Iterator[None]:
+    """Runs the block with `state` intercepting Dense/Conv calls and watching the
+    networks' input hooks (`seedq.agents.inputs`)."""
+    token = _ACTIVE.set(state)
+    try:
+        with inputs.observed_by(state), nn.intercept_methods(_intercept):
+            yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 # --- applying a network ------------------------------------------------------
@@ -170,12 +174,8 @@ def run_at_precision(fn: Callable, precision: str, *args, conv_impl: str | None 
     if policy not in CONV_POLICIES:
         raise ValueError(f"conv_impl={policy!r}: choose one of {', '.join(CONV_POLICIES)}")
     state = _ApplyState(precision, policy, int8_layers=None if int8_layers is None else frozenset(int8_layers))
-    token = _ACTIVE.set(state)
-    try:
-        with nn.intercept_methods(_intercept):
-            out = fn(*args, **kwargs)
-    finally:
-        _ACTIVE.reset(token)
+    with _active(state):
+        out = fn(*args, **kwargs)
     return jax.tree.map(
         lambda y: y.astype(jnp.float32) if jnp.issubdtype(y.dtype, jnp.floating) else y, out
     )
@@ -601,12 +601,8 @@ def find_layers_in(fn: Callable, *args, **kwargs) -> list[LayerInfo]:
     state.record = record
 
     def traced(*a, **kw):
-        token = _ACTIVE.set(state)
-        try:
-            with nn.intercept_methods(_intercept):
-                return fn(*a, **kw)
-        finally:
-            _ACTIVE.reset(token)
+        with _active(state):
+            return fn(*a, **kw)
 
     jax.eval_shape(traced, *args, **kwargs)
     return list(found.values())
@@ -660,12 +656,8 @@ def layer_fn(layer: LayerInfo, precision: str, conv_impl: str | None = None) -> 
     def f(layer_params, x):
         if precision == "fp32":
             return run(layer_params, x)
-        token = _ACTIVE.set(_ApplyState(precision, conv_impl or default_conv_policy()))
-        try:
-            with nn.intercept_methods(_intercept):
-                return run(layer_params, x).astype(jnp.float32)
-        finally:
-            _ACTIVE.reset(token)
+        with _active(_ApplyState(precision, conv_impl or default_conv_policy())):
+            return run(layer_params, x).astype(jnp.float32)
 
     return f
 
