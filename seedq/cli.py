@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return seed_actor.main(args)
     if args.command == "impala-actor":
-        from seedq.actor import impala_actor
+        from seedq.impala import actor as impala_actor
 
         return impala_actor.main(args)
 
