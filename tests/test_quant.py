@@ -36,6 +36,11 @@ RNG = np.random.default_rng(1234)
 CONV = "native"
 
 
+def dequantized(q, scale) -> np.ndarray:
+    """The float values int8 `q` [..., O] with per-output-channel `scale` [O] stand for."""
+    return np.asarray(q).astype(np.float32) * np.asarray(scale, np.float32)
+
+
 BATCH = 50  # one batch size everywhere, so each network compiles once per precision
 
 
@@ -132,7 +137,7 @@ def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     np.testing.assert_allclose(scale, max_abs / 127, rtol=1e-6)
     # The largest element of every channel maps to +-127: the full range is used.
     assert np.all(np.max(np.abs(q.astype(int)), axis=axes) == 127)
-    err = np.abs(np.asarray(qz.dequantize_per_channel(q, scale)) - w)
+    err = np.abs(dequantized(q, scale) - w)
     bound = scale * (0.5 + 1e-5)
     assert np.all(np.max(err, axis=axes) <= bound), (np.max(err, axis=axes) / scale).max()
 
@@ -147,7 +152,7 @@ def test_zero_constant_and_tiny_channels():
     q, scale = (np.asarray(a) for a in quant.quantize_per_channel(w))
     assert np.all(scale > 0) and np.all(np.isfinite(scale))
     assert scale[0] == 1.0 and np.all(q[:, 0] == 0)  # zero channel: scale 1, exact zeros
-    deq = np.asarray(qz.dequantize_per_channel(q, scale))
+    deq = dequantized(q, scale)
     np.testing.assert_array_equal(deq[:, 0], 0.0)
     np.testing.assert_allclose(deq[:, 1], 0.75, rtol=1e-6)  # constant channels round-trip
     np.testing.assert_allclose(deq[:, 2], w[:, 2], rtol=1e-6)
@@ -230,7 +235,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             g = np.asarray(layer[qz.QINPUT])
             assert g.dtype == np.float32 and g.shape == kernel.shape[-2:-1] and np.all(g > 0)
             # Equalization is exact before rounding: q * scale / g ~= kernel.
-            deq = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
+            deq = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE])
             deq = deq * g.reshape((-1, 1))
             step = np.asarray(layer[qz.QSCALE])[None, :] * g.reshape((-1, 1))
             err = np.abs(deq - np.asarray(kernel)).reshape((-1,) + step.shape)
@@ -325,7 +330,7 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
     g = np.asarray(layer[qz.QINPUT])  # input equalization
     qx, sx = quant.quantize_rows(x * g)
     deq_x = np.asarray(qx, np.float32) * np.asarray(sx)[:, None, None, None]
-    deq_w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
+    deq_w = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE])
     ref = lax.conv_general_dilated(deq_x, deq_w, (1, 1), "SAME",
                                    dimension_numbers=("NHWC", "HWIO", "NHWC")) + layer["bias"]
     for impl in int8_conv.CONV_IMPLS:
@@ -350,7 +355,7 @@ def test_uint8_pixels_are_used_exactly():
     published = jax.jit(lambda p: quant.publish(p, "int8", plan))(params)
     layer = published["params"]["Conv_0"]
     assert qz.QINPUT not in layer
-    w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]), np.float64)
+    w = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE]).astype(np.float64)
     x = obs.astype(np.float64) / 255.0
     ref = np.zeros((2, 5, 5, 8))
     for i in range(4):
