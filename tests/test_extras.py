@@ -8,10 +8,13 @@ import grimp
 import pytest
 
 from seedq import cli, extras
+from seedq.learner import curves
 
 # The extras' packages, by import name, and the only seedq packages that may import them.
 EXTRA_PACKAGES = {"matplotlib": "bench", "psutil": "bench", "yaml": "launch"}
 TOOLING = ("seedq.bench", "seedq.launch")
+# Training modules that use an extra's package only where it is installed.
+OPTIONAL_USERS = {"seedq.learner.curves"}  # curves.png
 
 
 def _uninstalled(monkeypatch, name: str) -> None:
@@ -61,7 +64,8 @@ def test_only_the_tooling_imports_the_extras_packages():
     graph = grimp.build_graph("seedq", include_external_packages=True, cache_dir=None)
     for package in EXTRA_PACKAGES:
         importers = graph.find_modules_that_directly_import(package)
-        assert importers and all(m.startswith(TOOLING) for m in importers), (package, importers)
+        assert importers and all(m.startswith(TOOLING) or m in OPTIONAL_USERS for m in importers), (
+            package, importers)
 
 
 # The modules a `seedq train` run loads (CLI, learner, server, agents, actors, evaluation).
@@ -79,3 +83,12 @@ def test_the_training_path_imports_no_plotting_or_process_library():
     done = subprocess.run([sys.executable, "-c", TRAINING_PATH], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []
+
+
+@pytest.mark.unit
+def test_a_run_without_matplotlib_writes_its_curves_csv_and_leaves_out_the_png(monkeypatch, capsys, tmp_path):
+    _uninstalled(monkeypatch, "matplotlib")
+    sink = curves.CurvesSink(str(tmp_path))
+    sink.close()
+    assert (tmp_path / curves.CSV_FILE).exists() and not (tmp_path / curves.PNG_FILE).exists()
+    assert capsys.readouterr().out == "curves.png left out: matplotlib is not installed (pip install 'seedq[bench]')\n"

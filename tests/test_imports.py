@@ -107,3 +107,17 @@ def import_alone(modules) -> list[str]:
 def test_every_module_imports_alone():
     assert import_alone(["seedq.no_such_module", "seedq.schema"]) == ["seedq.no_such_module"]
     assert import_alone(sorted(GRAPH.modules)) == []
+
+
+@pytest.mark.e2e
+def test_the_actor_command_runs_without_jax():
+    """`seedq actor` starts fast: the CLI imports JAX only in the commands that need it."""
+    code = (
+        "import sys; from seedq import cli; "
+        "code = cli.main(['actor', '--print-config', '--server', 'unix:/nowhere.sock', '--env', 'CartPole-v1']); "
+        "assert code == 0, code; "
+        "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
