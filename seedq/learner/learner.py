@@ -22,7 +22,7 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq import jax_setup, schema
-from seedq.acting.core import training_reward_clip
+from seedq.rollout.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig
@@ -258,7 +258,7 @@ class Learner:
         peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
             return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
-        from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
+        from seedq.impala.service import ImpalaLearnerService, ParamsPublisher
 
         # The same agent at the actors' precision (ActorQ int8).
         actor_precision = InferencePrecision(self.agent, self.spec, self.config.actor_precision)
