@@ -53,6 +53,10 @@ class ServerConfig:
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
+    # Env slots of all actors together: a handshake that would pass it is
+    # refused with RESOURCE_EXHAUSTED (its actor retries). 0: sized to the
+    # learner's memory for the observation and unroll length (1024 to 65536).
+    max_envs: int = 0
     # Dead-peer detection (docs/security.md): a keepalive ping goes to each
     # actor connection every this many seconds.
     keepalive_seconds: float = 10.0
@@ -631,6 +635,8 @@ class TrainConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name}={value}: must be > 0")
+        if self.server.max_envs < 0:
+            raise ValueError(f"server.max_envs={self.server.max_envs}: must be >= 0 (0: sized to memory)")
         check_channel(self.server.keepalive_seconds, self.server.peer_timeout_seconds, "server.")
         check_batching_rule(self.server.batching)
         if bool(self.tls.cert) != bool(self.tls.key):
