@@ -87,6 +87,7 @@ class Policy:
     def __init__(self, precision, params, *, greedy: bool = True):
         if greedy and not hasattr(precision.agent, "greedy_actions"):
             raise ValueError(f"{type(precision.agent).__name__} has no greedy policy; evaluate with --sample")
+        self.precision = precision
         self.params = params
         self.greedy = greedy
         # One core (and so one compiled `act` per env count) for every evaluation.

@@ -86,6 +86,7 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert (out / "runs" / "CartPole-v1-seed1.log").exists()  # each run's own output
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [r["seed"] for r in rows] == ["0", "1"] and all(int(r["frames"]) >= 2000 for r in rows)
+    assert [r["logdir"] for r in rows] == ["runs/CartPole-v1-seed0", "runs/CartPole-v1-seed1"]
     assert float(rows[0]["reference"]) == 490.0 and rows[0]["random_return"]
     # The runs had no target and no time limit: only the frame budget stopped them.
     config = json.loads((out / "runs" / "CartPole-v1-seed1" / "config.json").read_text())

@@ -289,8 +289,13 @@ def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
+    """Writes `rows` atomically. A `logdir` column is written relative to the
+    CSV's folder, so committed results name no path of the machine that ran them."""
     if not rows:
         return
+    folder = os.path.dirname(os.path.abspath(path))
+    rows = [{**row, "logdir": os.path.relpath(os.path.abspath(row["logdir"]), folder)} if row.get("logdir") else row
+            for row in rows]
     with open(path + ".tmp", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
