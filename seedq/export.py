@@ -101,8 +101,8 @@ def _write_onnx(program, specs, names, path: str) -> None:
         from jax2onnx import to_onnx
     except ImportError:
         raise ValueError(
-            "--format onnx needs the jax2onnx converter: pip install jax2onnx "
-            "(Python >= 3.11; it asks for orbax-checkpoint < 0.11.37)"
+            "--format onnx needs the jax2onnx converter (Python >= 3.11): pip install 'seedq[export]' "
+            "&& pip install --no-deps jax2onnx (its own dependencies would downgrade orbax-checkpoint)"
         ) from None
     input_names = ["obs"] if not names else ["obs", "first", *names]
     output_names = ["actions"] if not names else ["actions", *names]
