@@ -151,6 +151,11 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
         raise ValueError(f"--format {format}: choose one of {', '.join(FORMATS)}")
     if precision not in EXPORT_PRECISIONS:
         raise ValueError(f"--precision {precision}: choose one of {', '.join(EXPORT_PRECISIONS)}")
+    if format == "onnx" and precision == "int8":
+        # jax2onnx writes int8 x int8 -> int32 matmuls as Gemm, which onnxruntime refuses
+        # for int8 inputs (its integer matmul is MatMulInteger).
+        raise ValueError("--format onnx --precision int8: onnxruntime cannot run jax2onnx's int8 matmuls; "
+                         "export int8 as stablehlo, or fp32 to ONNX (onnxruntime's quantizer makes int8 of it)")
     if os.path.exists(out) and os.listdir(out):
         raise ValueError(f"--out {out}: exists and is not empty")
     import jax

@@ -230,6 +230,8 @@ def test_export_refuses_a_bad_format_or_a_used_directory(tmp_path):
 
     with pytest.raises(ValueError, match="--format tflite"):
         export.export(str(tmp_path), str(tmp_path / "out"), format="tflite")
+    with pytest.raises(ValueError, match="onnx --precision int8"):
+        export.export(str(tmp_path), str(tmp_path / "out"), format="onnx", precision="int8")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
     with pytest.raises(ValueError, match="not empty"):
