@@ -5,7 +5,8 @@ env id and options that preprocess observations, the state the program
 carries, the precision) and the program itself, greedy actions only:
 
 * `policy.stablehlo`: a serialised `jax.export` program; it loads with JAX
-  alone: `jax.export.deserialize(bytearray(data)).call(obs)`;
+  alone (plus flatbuffers, which JAX's deserialiser imports):
+  `jax.export.deserialize(bytearray(data)).call(obs)`;
 * `policy.onnx`: one ONNX model (converted by jax2onnx); it loads with
   onnxruntime alone: `session.run(None, {"obs": obs})[0]`.
 
