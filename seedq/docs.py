@@ -55,7 +55,7 @@ def config_markdown() -> str:
 
     out = [HEADER, "# Config reference\n"]
     out.append(textwrap.dedent(f"""
-        A run is described by one frozen `TrainConfig` (`seedq/config.py`) with
+        A run is described by one frozen `TrainConfig` (`seedq/config/`) with
         nested sections. Every field is a command-line flag of `seedq train` and
         `seedq learner`: `--field-name VALUE` (underscores become dashes), nested
         fields `--section.field-name VALUE`. `seedq train --print-config` prints

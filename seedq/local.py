@@ -23,8 +23,8 @@ from seedq import channel, distributed
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
-from seedq.envs import env_spec
 from seedq import checkpoint
+from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
@@ -132,10 +132,13 @@ def default_address() -> str:
 
 
 def train(
-    config: TrainConfig, *, quiet: bool = False, started: float | None = None, with_actors: bool = True,
+    run: TrainConfig | PreparedRun, *, quiet: bool = False, started: float | None = None, with_actors: bool = True,
     resume: str | None = None,
 ) -> dict:
     """Runs a training run; returns the summary written to summary.json.
+
+    `run`: a config, resolved and validated here, or one `seedq.run_setup.prepare`
+    already resolved and validated (with its env spec).
 
     With `with_actors`, `config.num_actors` actor processes are started on
     this host (local mode); without, the learner serves whichever actors
@@ -149,8 +152,8 @@ def train(
     writes the run directory (docs/devices.md "Multi-host").
     """
     started = time.monotonic() if started is None else started
-    config = config.resolved()
-    config.validate()
+    run = run if isinstance(run, PreparedRun) else prepare(run)
+    config, spec = run.config, run.spec
     group = distributed.initialize(config.distributed)
     if group.multi and config.architecture == "impala":
         raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
@@ -170,7 +173,7 @@ def train(
         )
     # A bad env id, an observation or action space the agent cannot take, fail
     # here (one line), before any process starts.
-    agent = make_agent(config, env_spec(config.env, config.env_options))
+    agent = make_agent(config, spec)
     if resume is not None:
         # A missing or incompatible checkpoint fails here, before any process starts.
         import jax
@@ -204,7 +207,7 @@ def train(
         if group.multi:
             previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
     try:
-        learner = Learner(config, address, group)
+        learner = Learner(config, address, group, spec=spec, agent=agent)
         resumed = resumed_from = None
         if resume is not None:
             resumed, resumed_from = checkpoint.restore(

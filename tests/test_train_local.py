@@ -213,3 +213,34 @@ def test_zero_target_stops_the_run_once_reached(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return" and summary["frames"] < 500000
+
+
+@pytest.mark.e2e
+def test_one_train_builds_the_env_spec_and_the_agent_once_and_validates_once(tmp_path, monkeypatch):
+    """The learner process of one `seedq train` resolves its config along one
+    route: the env spec built once (for the env-dependent defaults and the
+    learner alike), the config validated once, the agent built once and handed
+    to the learner. (The actors are processes of their own; no evaluation runs.)"""
+    from seedq import cli, envs
+    from seedq.agents.vtrace.agent import VTraceAgent
+    from seedq.config import TrainConfig
+
+    calls = {"env spec": 0, "validate": 0, "agent": 0}
+
+    def counting(name, fn):
+        def spy(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return spy
+
+    # env_spec ends in spec_from_spaces for every kind of env.
+    monkeypatch.setattr(envs, "spec_from_spaces", counting("env spec", envs.spec_from_spaces))
+    monkeypatch.setattr(TrainConfig, "validate", counting("validate", TrainConfig.validate))
+    monkeypatch.setattr(VTraceAgent, "__init__", counting("agent", VTraceAgent.__init__))
+    code = cli.main([
+        "train", "--env", "CartPole-v1", "--max-frames", "2000", "--num-actors", "1",
+        "--envs-per-actor", "4", "--eval-episodes", "0", "--logdir", str(tmp_path / "run"), "--quiet",
+    ])
+    assert code == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "max_frames"
+    assert calls == {"env spec": 1, "validate": 1, "agent": 1}

@@ -25,6 +25,7 @@ from seedq import config as config_lib
 from seedq import grpc_setup, jax_setup, schema
 from seedq.acting.core import training_reward_clip
 from seedq.agents import make_agent
+from seedq.agents.base import Agent
 from seedq.config import TrainConfig
 from seedq.devices import (
     data_parallel, global_training_devices, inference_placement, local_copy, resolve_split,
@@ -33,7 +34,7 @@ from seedq.distributed import SOLO, ProcessGroup, first_line, is_lost_peer_error
 from seedq.envs import env_spec
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
 from seedq.quant.mode import InferencePrecision
-from seedq.schema import BEHAVIOUR_VERSION
+from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
 from seedq.server.batching import BatchingRule
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer, bucket_sizes
@@ -51,16 +52,22 @@ class Learner:
     SOLO: this process alone). In a group every process serves its own actors
     and infers on its own inference devices, and all train one model
     data-parallel over every process's training devices, each contributing
-    its share (batch / processes) of every global batch."""
+    its share (batch / processes) of every global batch.
 
-    def __init__(self, config: TrainConfig, address: str, group: ProcessGroup = SOLO):
+    `spec` and `agent`: the run's env spec and agent where the caller built
+    them already (`seedq.local.train`); otherwise they are built here."""
+
+    def __init__(
+        self, config: TrainConfig, address: str, group: ProcessGroup = SOLO, *,
+        spec: EnvSpec | None = None, agent: Agent | None = None,
+    ):
         self.config = config
         self.group = group
         self.requested_address = address
         jax_setup.configure()
         self.address: str | None = None
-        self.spec = env_spec(config.env, config.env_options)
-        self.agent = make_agent(config, self.spec)
+        self.spec = env_spec(config.env, config.env_options) if spec is None else spec
+        self.agent = make_agent(config, self.spec) if agent is None else agent
         rng = jax.random.PRNGKey(config.seed)
         init_rng, act_rng = jax.random.split(rng)
         if group.index:  # each process's actors explore with their own random stream

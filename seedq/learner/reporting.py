@@ -249,7 +249,8 @@ class RunReporter:
                           wall_time=time.time())
 
     def write_stats(self) -> None:
-        write_json_atomically(os.path.join(self.config.logdir, "stats.json"), self.stats())
+        # Live status, rewritten every report: whole, but not worth an fsync each time.
+        write_json_atomically(os.path.join(self.config.logdir, "stats.json"), self.stats(), durable=False)
 
     def _stats_loop(self) -> None:
         while not self._stats_stop.is_set():

@@ -5,7 +5,7 @@
 all actors share one inference call. `greedy`: it runs whatever is queued at
 once; requests that arrive meanwhile form the next batch.
 
-Neither wins everywhere (docs/benchmarks.md, stop 41). Waiting runs the
+Neither wins everywhere (docs/benchmarks.md). Waiting runs the
 fewest, largest batches, which pays when CPU time is short: many small
 actors on few cores, or a training thread that needs the cores. But it also
 puts all actors in lockstep: the learner idles while every actor steps and

@@ -280,15 +280,22 @@ async def start_server(
     if server_config.health_port:
         # A server of its own, so that the plaintext port can reach nothing but health checks.
         health_server = grpc.aio.server()
-        if health_server.add_insecure_port(f"0.0.0.0:{server_config.health_port}") == 0:
+        if health_server.add_insecure_port(f"{channel.health_host(address)}:{server_config.health_port}") == 0:
             raise OSError(f"could not listen on health port {server_config.health_port} (server.health_port)")
         servers.append(health_server)
     set_serving = await channel.add_health_service(*servers)
+    unix_socket = None
     try:
+        if address.startswith("unix:"):
+            # TLS on a unix socket too, when configured; the path is claimed first either way.
+            channel.claim_unix_path(address[len("unix:"):])
         if credentials is not None:
             port = server.add_secure_port(address, credentials)
+            if port and address.startswith("unix:"):
+                unix_socket = (address[len("unix:"):], channel.socket_identity(address[len("unix:"):]))
         elif address.startswith("unix:"):
-            port = channel.listen_unix(server, address)
+            port, identity = channel.listen_unix(server, address)
+            unix_socket = (address[len("unix:"):], identity) if identity else None
         else:
             port = server.add_insecure_port(address)
     except RuntimeError:  # gRPC's "Failed to bind" (its details go to the gRPC log)
@@ -299,14 +306,20 @@ async def start_server(
         await each.start()
     if not address.startswith("unix"):
         address = f"{address.rsplit(':', 1)[0]}:{port}"
-    return LearnerServers(servers), address, set_serving
+    return LearnerServers(servers, unix_socket), address, set_serving
 
 
 class LearnerServers:
-    """The learner's gRPC server and, with server.health_port, its health-only server: stopped together."""
+    """The learner's gRPC server and, with server.health_port, its health-only
+    server: stopped together. Stopping removes the unix socket it bound, if
+    that path still holds it."""
 
-    def __init__(self, servers: list[grpc.aio.Server]):
+    def __init__(self, servers: list[grpc.aio.Server], unix_socket: tuple[str, tuple[int, int]] | None = None):
         self._servers = servers
+        self._unix_socket = unix_socket
 
     async def stop(self, grace: float | None) -> None:
         await asyncio.gather(*(server.stop(grace) for server in self._servers))
+        if self._unix_socket is not None:
+            channel.remove_unix_socket(*self._unix_socket)
+            self._unix_socket = None

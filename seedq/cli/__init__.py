@@ -1,0 +1,49 @@
+"""`seedq train | learner | actor | eval | certs | bench` command line.
+
+Config flags are derived from the dataclasses in `seedq.config`: every field
+of `TrainConfig` is `--field-name`, nested sections are `--section.field-name`
+(e.g. `--vtrace.learning-rate 5e-4`). One module per subcommand, each with
+`add_parsers(sub)` and `run(args)`. Heavy imports (JAX) happen inside the
+commands that need them, so `seedq actor` starts fast.
+"""
+
+from __future__ import annotations
+
+import time
+
+# Command start, before the heavy imports: runs report seconds-to-target from here.
+COMMAND_STARTED = time.monotonic()
+
+import argparse
+import sys
+
+from seedq.cli import actor, bench, certs, compare, evaluate, launch, run
+from seedq.cli.common import Parser, subcommands, unknown_arguments_message
+from seedq.cli.run import run_config
+
+__all__ = ["COMMAND_STARTED", "build_parser", "main", "run_config", "subcommands"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="seedq", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (run, actor, evaluate, certs, compare, launch, bench):
+        command.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        print(unknown_arguments_message(parser, args, extras), file=sys.stderr)
+        return 2
+    if args.command in ("train", "learner"):
+        return run.run(args, argv, COMMAND_STARTED)
+    handlers = {
+        "actor": actor.run, "impala-actor": actor.run, "eval": evaluate.run, "certs": certs.run,
+        "compare": compare.run, "launch": launch.run, "bench": bench.run,
+    }
+    return handlers[args.command](args)
+
+

@@ -1,0 +1,174 @@
+"""`seedq train` and `seedq learner`: resolve the run's config once and run the learner."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import signal
+import sys
+
+from seedq import config as config_lib
+from seedq.cli.common import HelpFormatter
+from seedq.config import TrainConfig
+from seedq.flags import add_config_flags, config_from_args
+
+
+def saved_config(run_dir: str, flag: str) -> TrainConfig:
+    """The config.json of the run in `run_dir` (FileNotFoundError naming `flag` otherwise)."""
+    import os
+
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"{flag} {run_dir}: no such run directory")
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{flag} {run_dir}: not a seedq run directory (no config.json)")
+    try:
+        return config_lib.load(path)
+    except (ValueError, TypeError, KeyError) as e:
+        raise FileNotFoundError(f"{flag} {run_dir}: config.json cannot be read ({e})") from None
+
+
+def run_config(args: argparse.Namespace):
+    """The run of `seedq train|learner` (a `seedq.run_setup.PreparedRun`: the
+    config resolved and validated, the env spec built) and the run directory to
+    resume (None: a fresh run).
+
+    Layers, later ones winning: the defaults for the env (or, resuming, the
+    run's saved config.json), the `--config` file, the flags given. `--resume
+    auto` resumes the run directory (`--logdir`, or the file's `logdir`) when it
+    holds a checkpoint and starts a fresh run in it otherwise.
+    """
+    from seedq import run_setup
+
+    import os
+
+    data = config_lib.read_json(args.config) if getattr(args, "config", None) else {}
+
+    def with_file(base: TrainConfig) -> TrainConfig:
+        try:
+            return config_lib.updated(base, data)
+        except ValueError as e:
+            raise ValueError(f"--config {args.config}: {e}") from None
+
+    resume = args.resume
+    if resume == "auto":
+        run_dir = args.logdir or data.get("logdir") or ""
+        if not run_dir:
+            raise ValueError("--resume auto needs the run directory: give --logdir DIR (or logdir in --config)")
+        from seedq import checkpoint
+
+        resume = run_dir if checkpoint.has_checkpoint(run_dir) else None
+        if resume is None:
+            args.logdir = run_dir  # a fresh run, in that directory
+    if resume is None:
+        # The env and its options come from the file and the flags alone; the
+        # other defaults depend on the env's spec, built here once for the run.
+        given = config_from_args(args, base=with_file(TrainConfig()))
+        spec = run_setup.build_env_spec(given)
+        config = config_from_args(args, base=with_file(run_setup.defaults_for_env(spec, given.env)))
+        if config.distributed.explicit and not config.logdir:
+            # (A default run directory is named by time and pid: one per process.)
+            raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
+        return run_setup.prepare(config, spec), None
+    if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
+        raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
+    base = with_file(saved_config(resume, "--resume"))
+    return run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume)), resume
+
+
+def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
+    """A command that runs a learner: every config flag plus --resume."""
+    parser = sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
+    add_config_flags(parser)
+    parser.add_argument(
+        "--config", metavar="RUN.json", default=None,
+        help="start from this run config (a run's config.json, or a JSON object of some fields "
+        "written by hand; unknown fields are errors); flags given here override it",
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR|auto", default=None,
+        help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
+        "(flags given here override it)" + resume_note + "; `auto`: resume the --logdir run if it "
+        "has a checkpoint, else start a fresh run there (restarted pods and VMs)",
+    )
+    return parser
+
+
+def add_parsers(sub) -> None:
+    train = add_run_command(
+        sub, "train",
+        summary="train locally: learner + actor processes on this host",
+        description="Train locally: the learner plus `--num-actors` actor processes on this host.",
+    )
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.add_argument(
+        "--parent-pid", type=int, default=0,
+        help="stop cleanly (checkpoint and exit) when this process dies, even by SIGKILL: "
+        "for tools that start training runs, as `seedq bench suite` and `seedq compare` do; Linux only",
+    )
+
+    learner = add_run_command(
+        sub, "learner",
+        summary="run only the learner; actors started elsewhere (`seedq actor`) connect to --address",
+        description="Run only the learner; actors started elsewhere (`seedq actor`) connect to "
+        "--address. With --min-actors N training waits for N actors.",
+        resume_note="; running actors reconnect by themselves",
+    )
+    learner.add_argument("--quiet", action="store_true", help="no progress lines")
+    learner.add_argument("--print-config", action="store_true",
+                         help="print the resolved config as JSON and exit (starts nothing)")
+
+
+def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:
+    """`seedq train|learner`; `started` (time.monotonic()) is when the command started."""
+    try:
+        prepared, resume = run_config(args)
+    except (FileNotFoundError, OSError) as e:
+        print(f"seedq {args.command}: {e.args[0] if isinstance(e, FileNotFoundError) else e}",
+              file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as e:
+        print(f"seedq {args.command}: {e}", file=sys.stderr)
+        return 2
+    config = prepared.config
+    if args.command == "learner" and not config.address:
+        print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
+              file=sys.stderr)
+        return 2
+    if getattr(args, "print_config", False):
+        print(json.dumps(config_lib.to_dict(config), indent=2, sort_keys=True))
+        return 0
+    from seedq import distributed
+
+    if getattr(args, "parent_pid", 0) and not distributed.is_supervised_child():
+        # The process `--parent-pid` started: a supervisor passes the SIGTERM on to its child.
+        from seedq import lifetime
+
+        lifetime.die_with_parent(args.parent_pid, signal.SIGTERM)
+    if distributed.needs_supervisor(config.distributed):
+        # A group's learner runs as a child: its lost-peer abort becomes one line.
+        group = config.distributed
+        address = config.address
+        return distributed.supervise(
+            list(sys.argv[1:] if argv is None else argv),
+            group.process_id if group.explicit else None, group.num_processes or None,
+            socket_path=address[5:] if address.startswith("unix:") else "",
+        )
+    distributed.die_with_supervisor()
+    from seedq import local
+
+    try:
+        summary = local.train(
+            prepared, quiet=args.quiet, started=started,
+            with_actors=args.command == "train", resume=resume,
+        )
+    except (ValueError, OSError) as e:
+        print(f"seedq {args.command}: {e}", file=sys.stderr)
+        return 1
+    except distributed.PeerLost as e:  # a group member stopped answering
+        print(f"seedq {args.command}: {e}", file=sys.stderr)
+        return distributed.DEAD_PEER_EXIT_CODE
+    # SIGTERM (stop_reason "terminated") is a clean stop: checkpointed, exit 0.
+    return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)

@@ -1,0 +1,107 @@
+"""A run config to and from JSON (config.json, checkpoints, --config files)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+from seedq.config.run import TrainConfig
+
+
+def to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)
+
+
+def save(config: TrainConfig, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(to_dict(config), f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def from_dict(cls: type, data: dict) -> Any:
+    """Builds a (nested) config dataclass from `data`; unknown keys are errors."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.__name__} field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = from_dict(hint, value)
+        elif typing.get_origin(hint) is tuple:
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def updated(config: Any, data: dict, where: str = "") -> Any:
+    """`config` with the (possibly partial, nested) fields in `data` replaced;
+    an unknown key is a ValueError naming it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'config'}: expected a JSON object, got {type(data).__name__}")
+    cls = type(config)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown field(s) {', '.join(where + k for k in unknown)}; "
+            f"valid{' in ' + where.rstrip('.') if where else ''}: {', '.join(sorted(names))}"
+        )
+    changes = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            changes[name] = updated(getattr(config, name), value, f"{where}{name}.")
+        elif typing.get_origin(hint) is tuple:
+            changes[name] = tuple(value)
+        else:
+            changes[name] = value
+    return dataclasses.replace(config, **changes)
+
+
+def read_json(path: str) -> dict:
+    """A run config file's JSON object; OSError / ValueError with a one-line message."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise OSError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields")
+    return data
+
+
+# Fields a saved config may lack because it was written before they existed,
+# and the value that then meant what that run did (where today's default
+# differs from it): older runs had no LayerNorm, a constant entropy bonus and
+# targets cut at the unroll's end.
+FORMER_DEFAULTS = {
+    ("vtrace", "layer_norm"): "none",
+    ("vtrace", "anneal_entropy_cost"): False,
+    ("vtrace", "lookahead"): 0,
+    ("vtrace", "grow_lookahead"): False,
+}
+
+
+def from_saved(data: dict) -> TrainConfig:
+    """The TrainConfig of a saved config.json (or a checkpoint's config); ValueError as from_dict."""
+    data = dict(data)
+    for (section, name), value in FORMER_DEFAULTS.items():
+        if isinstance(data.get(section), dict) and name not in data[section]:
+            data[section] = {**data[section], name: value}
+    return from_dict(TrainConfig, data)
+
+
+def load(path: str) -> TrainConfig:
+    with open(path) as f:
+        return from_saved(json.load(f))

@@ -1,0 +1,225 @@
+"""`TrainConfig`: a whole run, its sections and the checks across them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Optional
+
+from seedq.config.checks import NETWORK_CHOICES, check_choice, check_non_negative, check_positive
+from seedq.config.devices import DevicesConfig, DistributedConfig
+from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
+from seedq.config.r2d2 import R2D2Config
+from seedq.config.server import AuthConfig, ServerConfig, TlsConfig
+from seedq.config.vtrace import CONTINUOUS_VTRACE, VTraceConfig
+
+
+AGENTS = ("vtrace", "r2d2")
+ARCHITECTURES = ("seed", "impala")
+PRECISIONS = ("fp32", "bf16", "int8")  # inference only; see seedq.quant
+
+
+# IMPALA mode: what actors pull and run (fp32, or int8 as in ActorQ).
+ACTOR_PRECISIONS = ("fp32", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """int8 inference (precision=int8): which layers run in int8.
+
+    By default the learner times every quantizable layer in fp32 and int8 at
+    each padded batch size of the server at start-up and keeps a layer in
+    int8 only where int8 was faster (seedq.quant.plan); the progress line and
+    summary.json report the share of multiply-accumulates that run in int8.
+    """
+
+    # Every quantizable layer in int8 at every batch size, measured or not
+    # (tests and comparisons).
+    force_int8: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run (learner plus locally launched actors)."""
+
+    agent: str = "vtrace"
+    env: str = "CartPole-v1"
+    architecture: str = "seed"
+    # Inference precision of the learner's server (fp32, bf16 or int8), for
+    # any agent; training stays fp32.
+    precision: str = "fp32"
+    seed: int = 0
+    num_actors: int = 2
+    envs_per_actor: int = 32
+    # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
+    # this many per network input; actors send single frames. 1: no stacking.
+    frame_stack: int = 4
+    # Stop conditions: whichever comes first. The run stops once the mean return
+    # (return_window episodes) reaches target_return; none (null): no target.
+    # The command line's default is the env's registered reward_threshold
+    # (gymnasium: CartPole-v1 475, Acrobot-v1 -100), none where it has none.
+    target_return: Optional[float] = None
+    # 0 disables a limit.
+    max_seconds: float = 300.0
+    max_frames: int = 0
+    # Episodes averaged for `mean_return_last100` and the target check.
+    return_window: int = 100
+    logdir: str = ""  # default: runs/<agent>-<env>-<timestamp>
+    # Address the learner listens on; default: a unix socket in the run dir.
+    address: str = ""
+    # Serve a non-loopback TCP address with neither TLS nor a token (anyone
+    # who reaches the port can feed training data); refused without it.
+    insecure: bool = False
+    log_every_seconds: float = 2.0
+    # Rewrite <logdir>/stats.json (counters, train-step timing, connected
+    # actors; atomically) every this many seconds; 0: never.
+    stats_every_seconds: float = 1.0
+    # Training starts once this many actors are connected (0: start as they
+    # arrive); mostly for `seedq learner` with actors on other machines.
+    min_actors: int = 0
+    # Checkpoint (<logdir>/checkpoints) every this many seconds; 0: only at shutdown.
+    checkpoint_every_seconds: float = 30.0
+    # Also checkpoint every this many train steps; 0: no step trigger.
+    checkpoint_every_steps: int = 0
+    # Only the newest checkpoints are kept.
+    checkpoints_to_keep: int = 3
+    # Greedy-policy episodes on separate envs at the end of the run (summary.json
+    # `eval`, TensorBoard eval/*); 0 disables evaluation.
+    eval_episodes: int = 10
+    # Also evaluate every this many seconds during training; 0: only at the end.
+    eval_every_seconds: float = 0.0
+    # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
+    eval_seed: int = 1000
+    # IMPALA mode (architecture=impala): each actor pulls the policy parameters
+    # after every this many unrolls (all of an actor's envs finish one together).
+    param_pull_every: int = 1
+    # IMPALA mode: precision of the parameters actors pull and of their local
+    # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
+    actor_precision: str = "fp32"
+    server: ServerConfig = ServerConfig()
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
+    quant: QuantConfig = QuantConfig()
+    atari: AtariConfig = AtariConfig()
+    dmc: DmcConfig = DmcConfig()
+    vtrace: VTraceConfig = VTraceConfig()
+    r2d2: R2D2Config = R2D2Config()
+    devices: DevicesConfig = DevicesConfig()
+    distributed: DistributedConfig = DistributedConfig()
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first field that is out of range: each
+        section checks its own fields, this method what spans sections."""
+        check_choice("agent", self.agent, AGENTS)
+        check_choice("architecture", self.architecture, ARCHITECTURES)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("actor_precision", self.actor_precision, ACTOR_PRECISIONS)
+        if self.architecture == "impala" and self.agent != "vtrace":
+            raise ValueError(
+                f"architecture='impala' needs agent='vtrace' (got agent={self.agent!r}): "
+                "IMPALA actors send on-policy unrolls for V-trace"
+            )
+        self.vtrace.validate()
+        if self.quant.force_int8 and self.precision != "int8":
+            raise ValueError(
+                f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"
+            )
+        check_positive({
+            "num_actors": self.num_actors,
+            "envs_per_actor": self.envs_per_actor,
+            "return_window": self.return_window,
+            "frame_stack": self.frame_stack,
+            "param_pull_every": self.param_pull_every,
+            "checkpoints_to_keep": self.checkpoints_to_keep,
+        })
+        self.server.validate()
+        self.tls.validate()
+        self.env_options.validate()
+        self._validate_queue()
+        check_choice("r2d2.network", self.r2d2.network, NETWORK_CHOICES)
+        if self.agent == "r2d2":
+            self.r2d2.validate(num_envs=self.num_actors * self.envs_per_actor)
+        self._validate_devices()
+        check_non_negative({
+            "min_actors": self.min_actors,
+            "checkpoint_every_seconds": self.checkpoint_every_seconds,
+            "checkpoint_every_steps": self.checkpoint_every_steps,
+            "eval_episodes": self.eval_episodes,
+            "eval_every_seconds": self.eval_every_seconds,
+            "stats_every_seconds": self.stats_every_seconds,
+            "max_seconds": self.max_seconds,
+            "max_frames": self.max_frames,
+        })
+
+    def _validate_queue(self) -> None:
+        """The server's unroll queue holds what one train step takes."""
+        capacity = self.server.queue_capacity_unrolls
+        if capacity < self.vtrace.batch_size:
+            raise ValueError(
+                f"server.queue_capacity_unrolls={capacity} must be >= vtrace.batch_size={self.vtrace.batch_size}"
+            )
+        if capacity < self.vtrace.batch_size * self.vtrace.reuse_pool:
+            raise ValueError(
+                f"vtrace.reuse_pool={self.vtrace.reuse_pool}: needs server.queue_capacity_unrolls="
+                f"{capacity} >= batch_size x reuse_pool = {self.vtrace.batch_size * self.vtrace.reuse_pool}"
+            )
+
+    def _validate_devices(self) -> None:
+        """The training batch splits evenly over the devices and the processes."""
+        batch_name, batch_size = self.training_batch
+        self.devices.validate(batch_size, batch_name)
+        self.distributed.validate()
+        if self.distributed.num_processes > 1 and batch_size % self.distributed.num_processes:
+            raise ValueError(
+                f"distributed.num_processes={self.distributed.num_processes} does not divide the "
+                f"training batch {batch_name}={batch_size} (each process contributes an equal share)"
+            )
+        if self.distributed.explicit and self.architecture == "impala":
+            raise ValueError("distributed.* needs architecture='seed' (the multi-host learner serves SEED actors)")
+
+    @property
+    def training_batch(self) -> tuple[str, int]:
+        """(field name, size) of the batch one update trains on: sequences of the agent's section."""
+        name = "r2d2.batch_size" if self.agent == "r2d2" else "vtrace.batch_size"
+        return name, getattr(self, self.agent).batch_size
+
+    @property
+    def env_options(self) -> EnvOptions:
+        return EnvOptions(self.atari, self.dmc)
+
+    def resolved(self) -> "TrainConfig":
+        """Fills in defaults that depend on other fields (logdir)."""
+        if self.logdir:
+            return self
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        safe_env = self.env.replace("/", "_").replace(":", "_")
+        return dataclasses.replace(
+            self, logdir=os.path.join("runs", f"{self.agent}-{safe_env}-{stamp}-{os.getpid()}")
+        )
+
+
+# The learning rate's anneal horizon (vtrace.learning_rate_decay_frames -1)
+# for a run without max_frames: twice the suite's longest non-Atari budget
+# (5M). Past it the rate is 0, so a longer run needs --max-frames (or an
+# explicit horizon) to keep learning.
+DEFAULT_DECAY_FRAMES = 10_000_000
+
+
+def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
+    """The run's agent section (config.vtrace or config.r2d2) with the anneal
+    horizon -1 resolved against the run's budget."""
+    section = getattr(config, config.agent)
+    if section.learning_rate_decay_frames != -1:
+        return section
+    horizon = config.max_frames or DEFAULT_DECAY_FRAMES
+    return dataclasses.replace(section, learning_rate_decay_frames=horizon)
+
+
+def defaults_for(continuous_actions: bool, target_return: Optional[float] = None) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions and the
+    env's registered target return (command-line flags are applied on top of it)."""
+    base = TrainConfig(target_return=target_return)
+    if continuous_actions:
+        return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
+    return base
