@@ -178,16 +178,17 @@ def _recorded_observations(policy, n=1000):
 
 @pytest.mark.e2e
 def test_a_stablehlo_export_acts_as_the_run_and_loads_with_jax_alone(cartpole_run, tmp_path):
-    from seedq import export
-
     own = seedq.load_policy(cartpole_run.logdir)
     observations = _recorded_observations(own)
     own.reset()
     actions = own.predict(observations)
     assert len(np.unique(actions)) == 2
+    from seedq import cli
+
     out = tmp_path / "stablehlo"
-    meta = export.export(cartpole_run.logdir, str(out), format="stablehlo")
-    assert list(meta["spec"]["obs_shape"]) == [4] and meta["inputs"] == ["obs"]
+    assert cli.main(["export", cartpole_run.logdir, "--out", str(out), "--format", "stablehlo"]) == 0
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["spec"]["obs_shape"] == [4] and meta["inputs"] == ["obs"] and meta["env"] == "CartPole-v1"
     np.testing.assert_array_equal(seedq.load_policy(out).predict(observations), actions)
     np.save(tmp_path / "obs.npy", observations)
     # No seedq in the loading process: every `import seedq` fails there.

@@ -28,6 +28,7 @@ from seedq.config.server import (
     BATCHING_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
     check_batching_rule,
 )
+from seedq.config.tracking import WandbConfig
 from seedq.config.vtrace import CONTINUOUS_VTRACE, LAYER_NORM_MODES, VTraceConfig
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
     "FORMER_DEFAULTS", "LAYER_NORM_MODES", "NETWORK_CHOICES", "PRECISIONS",
     "ActorChannelConfig", "ActorTlsConfig", "AtariConfig", "AuthConfig", "DevicesConfig", "DistributedConfig",
     "DmcConfig", "EnvOptions", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
-    "VTraceConfig",
+    "VTraceConfig", "WandbConfig",
     "agent_config_for_run", "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
     "load", "read_json", "save", "to_dict", "updated",
 ]
