@@ -155,10 +155,10 @@ def evaluate(policy_or_path, env: str | None = None, episodes: int = 10, *, seed
              deterministic: bool = True):
     """Plays `episodes` episodes of `env` (default: the policy's env, with its
     preprocessing), one per env of a vector env reset with `seed` (env i gets
-    seed + i), and returns a `seedq.evaluate.EvalResult` (`.mean`, `.returns`, ...).
+    seed + i), and returns a `seedq.evaluation.EvalResult` (`.mean`, `.returns`, ...).
 
     `policy_or_path`: a `Policy`, or anything `load_policy` reads."""
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
     policy = policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path)
     env_id = env or policy.env_id

@@ -162,7 +162,7 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
     import jax
 
     from seedq import __version__, config as config_lib
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
     loaded = evaluation.load_policy(path, precision=precision)
     run_precision = loaded.policy.precision

@@ -158,7 +158,7 @@ def test_the_readme_example_trains_loads_and_plays(cartpole_run):
         done = terminated or truncated
     assert total >= 1
     # The run's own end-of-run evaluation, reproduced through the API.
-    result = api.evaluate(policy, episodes=run.summary["eval"]["episodes"], seed=run.summary["eval"]["seed"])
+    result = seedq.evaluate(policy, episodes=run.summary["eval"]["episodes"], seed=run.summary["eval"]["seed"])
     assert result.returns == run.summary["eval"]["returns"]
 
 
@@ -263,3 +263,11 @@ def test_the_readme_example_runs_as_written_on_a_frame_budget(tmp_path):
     mean = float(result.stdout.strip().splitlines()[-1].split()[-1])
     assert 8 <= mean <= 500  # CartPole's returns; what 20k frames reach is the learning tier's business
     assert (tmp_path / "runs" / "api" / "curves.csv").is_file()
+
+
+@pytest.mark.unit
+def test_the_package_attributes_are_the_api_functions():
+    from seedq import evaluation  # the module of the evaluation code; `seedq.evaluate` stays the function
+
+    assert seedq.evaluate is api.evaluate and seedq.train is api.train and callable(seedq.load_policy)
+    assert evaluation.evaluate is not seedq.evaluate

@@ -120,7 +120,7 @@ def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(
 def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_path, field, former, named):
     """config.json and the checkpoint's config of older runs lack the field; they
     ran with its former value (config.FORMER_DEFAULTS), whatever today's default is."""
-    from seedq.evaluate import load_policy
+    from seedq.evaluation import load_policy
 
     run = tmp_path / "run"
     base = config_lib.defaults_for(False, 475.0)

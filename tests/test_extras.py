@@ -72,7 +72,7 @@ def test_only_the_tooling_imports_the_extras_packages():
 TRAINING_PATH = r"""
 import sys
 import seedq.cli, seedq.local, seedq.learner.learner, seedq.server.service, seedq.actor.seed_actor
-import seedq.evaluate, seedq.distributed, seedq.checkpoint, seedq.agents.vtrace.agent, seedq.agents.r2d2.agent
+import seedq.evaluation, seedq.distributed, seedq.checkpoint, seedq.agents.vtrace.agent, seedq.agents.r2d2.agent
 print(" ".join(sorted(m for m in ("matplotlib", "psutil") if m in sys.modules)))
 """
 

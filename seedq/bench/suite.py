@@ -109,7 +109,7 @@ def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
 def random_return(env_id: str, episodes: int, options) -> float:
     """Mean return of uniformly random actions over `episodes` episodes."""
     from seedq.envs import env_spec
-    from seedq.evaluate import RandomPolicy, evaluate
+    from seedq.evaluation import RandomPolicy, evaluate
 
     return evaluate(RandomPolicy(env_spec(env_id, options)), env_id, episodes, RANDOM_SEED, options).mean
 
