@@ -103,7 +103,9 @@ def train_args(config=None, overrides: Mapping[str, Any] | None = None) -> argpa
     from seedq.flags import config_flags
 
     parser = _train_parser()
-    dests = {a.dest for a in parser._actions if a.option_strings}  # argparse has no public list
+    # The config fields' flags (seedq.flags marks them) and --resume; not the
+    # command's own switches (--print-config, --parent-pid). argparse has no public list.
+    dests = {a.dest for a in parser._actions if hasattr(a, "doc_class")} | {"resume"}
     argv: list[str] = []
     if isinstance(config, TrainConfig):
         argv += config_flags(config)

@@ -74,6 +74,8 @@ def test_unknown_fields_and_bad_values_are_one_line_errors():
         api.train_args(None, {"num_actors": "two"})
     with pytest.raises(ValueError, match="vtrace.learning_rat: not a config field"):
         api.train_args(None, {"vtrace": {"learning_rat": 1e-3}})
+    with pytest.raises(ValueError, match="print_config: not a config field"):
+        api.train_args(None, {"print_config": True})
 
 
 class _Recorder:
