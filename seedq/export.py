@@ -111,7 +111,10 @@ def _write_onnx(program, specs, names, path: str) -> None:
         to_onnx(_without_unused_ops(program), [_onnx_input(s) for s in specs], model_name="seedq_policy", return_mode="file",
                 output_path=path, input_names=input_names, output_names=output_names)
     except Exception as e:  # noqa: BLE001 - a converter failure is one line naming the converter
-        raise ValueError(f"jax2onnx could not convert this policy: {type(e).__name__}: {e}".splitlines()[0]) from None
+        # (jax2onnx cannot trace flax's scanned LSTM with a symbolic batch, for one.)
+        first_line = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ValueError(f"jax2onnx could not convert this policy ({first_line}); "
+                         "--format stablehlo exports every policy") from None
 
 
 def _without_unused_ops(program):
