@@ -144,6 +144,12 @@ def _onnx_input(spec):
     return jax.ShapeDtypeStruct((batch, *spec.shape[1:]), spec.dtype)
 
 
+def state_meta(names, example_state) -> list[dict]:
+    """policy.json's description of the state arrays a program carries, in its argument order."""
+    return [{"name": k, "shape": list(example_state[k].shape[1:]), "dtype": str(example_state[k].dtype)}
+            for k in names]
+
+
 def _spec_dict(spec: EnvSpec) -> dict:
     return dataclasses.asdict(spec)
 
@@ -191,8 +197,7 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
         "spec": _spec_dict(spec),
         "inputs": ["obs"] if not names else ["obs", "first", *names],
         "outputs": ["actions"] if not names else ["actions", *names],
-        "state": [{"name": k, "shape": list(example_state[k].shape[1:]), "dtype": str(example_state[k].dtype)}
-                  for k in names],
+        "state": state_meta(names, example_state),
         "checkpoint": loaded.checkpoint,
         "frames": loaded.counters.get("frames"),
         "seedq_version": __version__,

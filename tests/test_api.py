@@ -273,3 +273,42 @@ def test_the_package_attributes_are_the_api_functions():
 
     assert seedq.evaluate is api.evaluate and seedq.train is api.train and callable(seedq.load_policy)
     assert evaluation.evaluate is not seedq.evaluate
+
+
+@pytest.mark.unit
+def test_a_recurrent_policy_carries_its_state_through_the_exported_program(tmp_path):
+    """R2D2's LSTM state goes in and out of the StableHLO program; the policy
+    keeps it per env and restarts it where `reset` says, as the agent does."""
+    import jax
+
+    from seedq import export
+    from seedq.agents import make_agent
+    from seedq.config import TrainConfig
+    from seedq.envs import env_spec
+    from seedq.policy import CheckpointBackend
+    from seedq.quant.mode import InferencePrecision
+
+    spec = env_spec("CartPole-v1")
+    agent = make_agent(TrainConfig(agent="r2d2", env="CartPole-v1"), spec)
+    precision = InferencePrecision(agent, spec, "fp32")
+    params = agent.inference_params(jax.jit(agent.init)(jax.random.PRNGKey(3)))
+    program, names, example = export._greedy_program(precision, params)
+    assert names == ["c", "h"]
+    (batch,) = jax.export.symbolic_shape("B")
+    path = str(tmp_path / "policy.stablehlo")
+    export._write_stablehlo(program, export._input_specs(spec, names, example, batch), path)
+    meta = {"state": export.state_meta(names, example)}
+    info = PolicyInfo("CartPole-v1", None, spec, "test", "fp32")
+    exported = Policy(export._ExportedBackend(meta, export._stablehlo_runner(path)), info)
+    own = Policy(CheckpointBackend(precision, params), info)
+    rng = np.random.default_rng(0)
+    chosen = []
+    for step in range(40):
+        obs = rng.normal(0, 2, (3, 4)).astype(np.float32)
+        actions = own.predict(obs)
+        np.testing.assert_array_equal(exported.predict(obs), actions)
+        chosen.append(actions)
+        if step % 7 == 6:
+            for policy in (own, exported):
+                policy.reset([step % 3])
+    assert len(np.unique(chosen)) == 2
