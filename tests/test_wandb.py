@@ -126,3 +126,17 @@ def test_the_wandb_project_field_adds_the_sink_to_the_run_records(tmp_path, monk
     assert [type(s) for s in records.sinks[1:]] == [CurvesSink, WandbSink]
     for sink in records.sinks[1:]:
         sink.close()
+
+
+@pytest.mark.unit
+def test_a_run_wandb_refuses_is_one_line_naming_offline_mode(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from seedq.learner.wandb_sink import WandbSink
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.\nmore")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ValueError, match=r"--wandb.project p: W&B refused the run \(No API key configured.*"
+                                         r"WANDB_MODE=offline"):
+        WandbSink(_Config(str(tmp_path)))
