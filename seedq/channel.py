@@ -187,25 +187,24 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return self._refusing(handler, method)
 
     def _refusing(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """A handler of the same streaming shape as `handler` that aborts at once."""
+        """A handler that aborts at once, before reading any request: it takes
+        its requests as a stream (which it never reads) whatever the method's
+        shape, so an unauthenticated peer's message is never received and
+        decoded (a unary handler would take up to the size limit first)."""
 
-        async def refuse(request_or_iterator, context):
+        async def refuse(request_iterator, context):
             peer = _peer_host(context.peer())
             if peer not in self._logged_peers and len(self._logged_peers) < _MAX_LOGGED_PEERS:
                 self._logged_peers.add(peer)
                 log.warning("refused %s from %s: missing or wrong bearer token", method, peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-        make = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(handler.request_streaming, handler.response_streaming)]
-        return make(
-            refuse, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+        return make(refuse, request_deserializer=_never_decoded, response_serializer=handler.response_serializer)
+
+
+def _never_decoded(data: bytes):
+    raise AssertionError("a refused call's request is never read")
 
 
 def server_interceptors(auth: AuthConfig) -> list[grpc.aio.ServerInterceptor]:

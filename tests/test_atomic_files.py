@@ -56,3 +56,20 @@ def test_live_status_skips_the_fsync(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", calls.append)
     atomic_files.write_json_atomically(str(tmp_path / "stats.json"), {"frames": 1}, durable=False)
     assert calls == [] and json.loads((tmp_path / "stats.json").read_text()) == {"frames": 1}
+
+
+def test_config_json_survives_a_write_that_fails_midway(tmp_path, monkeypatch):
+    """`--resume` reads config.json: a failed rewrite (full disk, kill) must leave the previous one."""
+    from seedq import config as config_lib
+
+    path = str(tmp_path / "config.json")
+    config_lib.save(config_lib.TrainConfig(env="CartPole-v1"), path)
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json.JSONEncoder, "iterencode", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        config_lib.save(config_lib.TrainConfig(env="Acrobot-v1"), path)
+    monkeypatch.undo()
+    assert config_lib.load(path).env == "CartPole-v1"

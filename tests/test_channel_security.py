@@ -235,6 +235,30 @@ def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
 
 
 @pytest.mark.e2e
+def test_an_unauthenticated_request_is_refused_before_it_is_received(tmp_path):
+    """Size checks come after authentication: a request over the size limit
+    from a peer without the token is told UNAUTHENTICATED, the learner never
+    having taken in its bytes (RESOURCE_EXHAUSTED would mean it had)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    oversized = seed_pb2.ParamsRequest(actor_id="x" * (70 << 20))
+
+    async def main():
+        server, address, _ = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0", auth=AuthConfig(token_file=str(token)))
+        try:
+            async with grpc.aio.insecure_channel(address) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async for _ in seed_pb2_grpc.LearnerStub(ch).PullParams(oversized, timeout=30):
+                        pass
+            return refused.value.code()
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(main()) == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.e2e
 def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
     use server.health_port; no Learner RPC is reachable there."""

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
+from seedq.server.env_table import SlotBudgetExhausted
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
@@ -209,7 +210,8 @@ class StreamGuard:
     """`async with guard:` ends the stream with the status its error deserves.
 
     ProtocolError -> INVALID_ARGUMENT (OutOfOrder -> FAILED_PRECONDITION),
-    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; RunSuperseded -> ABORTED; ServerClosing ->
+    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; a full
+    env-slot budget -> RESOURCE_EXHAUSTED; RunSuperseded -> ABORTED; ServerClosing ->
     UNAVAILABLE; anything else -> INTERNAL, logged with its traceback first
     (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
     """
@@ -241,6 +243,9 @@ class StreamGuard:
         if isinstance(error, DecodeError):  # bytes that are no message of the RPC's type
             log.warning("refused %s: undecodable message: %s", self.who, error)
             return grpc.StatusCode.INVALID_ARGUMENT, f"message: not a valid protobuf encoding ({error})"
+        if isinstance(error, SlotBudgetExhausted):
+            log.info("refused %s: %s", self.who, error)
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
         if isinstance(error, RunSuperseded):
             return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
         if isinstance(error, ServerClosing):
