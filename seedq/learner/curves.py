@@ -8,7 +8,8 @@ rows up to its checkpoint's frames and continues the file, as its
 TensorBoard curves continue.
 
 curves.png draws the return against frames and against elapsed time; it is
-redrawn when the run ends, where matplotlib is installed (the 'bench' extra). `plot_runs` overlays several runs (`seedq plot`).
+redrawn when the run ends (left out, with one line, where matplotlib is not
+installed). `plot_runs` overlays several runs (`seedq plot`).
 """
 
 from __future__ import annotations
