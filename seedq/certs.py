@@ -46,12 +46,22 @@ def _new_key():
 
 
 def _write(path: str, data: bytes, secret: bool) -> None:
-    # Secret files are created 0600 (never world-readable, not even briefly).
+    """Writes a new file that has its final mode before it holds a byte:
+    secret files are 0600 from their creation on (an existing file, whose
+    mode may be wider, is replaced by rename rather than rewritten)."""
+    import tempfile
+
     mode = 0o600 if secret else 0o644
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, mode)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        os.fchmod(fd, mode)  # mkstemp made it 0600; public files widen to 0644 before the write
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _pem_key(key) -> bytes:

@@ -5,8 +5,11 @@
   <token>` call metadata on every RPC and checked by a server interceptor
   with a constant-time compare. The standard gRPC health service is exempt
   from the token: Kubernetes' gRPC probes cannot send metadata.
-* The refusal rule: a learner on a non-loopback TCP address needs TLS or a
-  token, or an explicit `insecure`. Unix sockets need neither (mode 0600).
+* The refusal rule: a learner that other hosts (or, for an abstract unix
+  socket, other local users) can reach needs client authentication - a
+  bearer token or mutual TLS (a client CA) - or an explicit `insecure`.
+  Server-only TLS does not count: it proves the learner to the actor, not
+  the actor to the learner. Path unix sockets need neither (mode 0600).
 * Dead peers: gRPC keepalive pings on both ends (a connection that answers
   no ping within the timeout is closed) and, on the server, an idle deadline
   on every actor stream (`IdleWatchdog`), since a preempted VM sends no FIN.
@@ -21,9 +24,12 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
+import stat
 
 import grpc
 
+from seedq import exit_codes
 from seedq.config import ActorChannelConfig, AuthConfig, TlsConfig, TrainConfig
 
 log = logging.getLogger("seedq.server")
@@ -73,9 +79,14 @@ def read_token(path: str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """True for unix sockets and TCP addresses on a loopback interface."""
-    if address.startswith(("unix:", "unix-abstract:")):
+    """True for path unix sockets and TCP addresses on a loopback interface:
+    addresses only this host's users can reach. An abstract unix socket
+    (`unix-abstract:`) has no file mode, so any local user can connect: it
+    is not counted as loopback."""
+    if address.startswith("unix:"):
         return True
+    if address.startswith("unix-abstract:"):
+        return False
     host = address.rsplit(":", 1)[0].strip("[]")
     if host == "localhost":
         return True
@@ -85,16 +96,36 @@ def is_loopback(address: str) -> bool:
         return False  # a hostname (may resolve to anything) or 0.0.0.0 / [::]-style wildcards
 
 
-def check_exposure(config: TrainConfig, address: str) -> None:
-    """ValueError (one line) when the learner would serve a non-loopback TCP
-    address to anyone: neither TLS nor a token, and no `--insecure`."""
-    if is_loopback(address) or config.tls.enabled or config.auth.token_file or config.insecure:
-        return
-    raise ValueError(
-        f"refusing to serve {address} without credentials: anyone who reaches it could feed "
-        "training data; give --tls.cert/--tls.key and/or --auth.token-file "
-        "(`seedq certs` makes a CA and certificates), or --insecure to serve it anyway"
+def authenticates_clients(*, client_ca: bool, token: bool) -> bool:
+    """Whether the learner can tell its actors from anyone else who reaches
+    the port: a bearer token or a client CA (mutual TLS). Server-only TLS
+    encrypts but proves nothing about the peer."""
+    return bool(client_ca or token)
+
+
+def unauthenticated_exposure(where: str, how_to_fix: str) -> str:
+    """The one-line refusal shared by the learner and the launchers."""
+    return (
+        f"refusing to serve {where} without client authentication: anyone who reaches it could feed "
+        f"training data and take the model; {how_to_fix} (server-only TLS authenticates nobody), "
+        "or --insecure to serve it anyway"
     )
+
+
+def check_exposure(config: TrainConfig, address: str) -> None:
+    """ValueError (one line) when the learner would serve an address others
+    can reach without authenticating them (no token, no client CA) and
+    without `--insecure`. A token over plaintext is allowed (private
+    networks) with one warning line that it travels in clear."""
+    if is_loopback(address) or config.insecure:
+        return
+    if not authenticates_clients(client_ca=bool(config.tls.client_ca), token=bool(config.auth.token_file)):
+        raise exit_codes.UsageError(unauthenticated_exposure(
+            address, "give a client CA (--tls.client-ca, mutual TLS) and/or a token (--auth.token-file) "
+            "(`seedq certs` makes a CA and certificates)"))
+    if config.auth.token_file and not config.tls.enabled:
+        log.warning("the bearer token travels in clear on %s (no TLS): any host on the path can read "
+                    "and replay it; use it on a private network only, or add --tls.cert/--tls.key", address)
 
 
 # --- server side ---
@@ -156,25 +187,24 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return self._refusing(handler, method)
 
     def _refusing(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """A handler of the same streaming shape as `handler` that aborts at once."""
+        """A handler that aborts at once, before reading any request: it takes
+        its requests as a stream (which it never reads) whatever the method's
+        shape, so an unauthenticated peer's message is never received and
+        decoded (a unary handler would take up to the size limit first)."""
 
-        async def refuse(request_or_iterator, context):
+        async def refuse(request_iterator, context):
             peer = _peer_host(context.peer())
             if peer not in self._logged_peers and len(self._logged_peers) < _MAX_LOGGED_PEERS:
                 self._logged_peers.add(peer)
                 log.warning("refused %s from %s: missing or wrong bearer token", method, peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-        make = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(handler.request_streaming, handler.response_streaming)]
-        return make(
-            refuse, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+        return make(refuse, request_deserializer=_never_decoded, response_serializer=handler.response_serializer)
+
+
+def _never_decoded(data: bytes):
+    raise AssertionError("a refused call's request is never read")
 
 
 def server_interceptors(auth: AuthConfig) -> list[grpc.aio.ServerInterceptor]:
@@ -199,11 +229,51 @@ async def add_health_service(*servers: grpc.aio.Server):
     return set_serving
 
 
-def listen_unix(server: grpc.aio.Server, address: str) -> int:
-    """Binds a unix socket readable and writable by its owner only (mode 0600)."""
-    path = address[len("unix:"):]
-    if os.path.exists(path):
+def claim_unix_path(path: str) -> None:
+    """Makes `path` free for a new socket: removes a stale socket (one that
+    nobody listens on: a crashed learner's), and raises OSError (one line)
+    for anything else there - a file that is not a socket, or the socket of
+    a learner that is still serving."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path}: exists and is not a socket; refusing to replace it (choose another --address)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
         os.unlink(path)  # a stale socket from a crashed learner
+        return
+    except FileNotFoundError:
+        return
+    finally:
+        probe.close()
+    raise OSError(f"{path}: another process is serving on this socket (another learner?)")
+
+
+def socket_identity(path: str) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def remove_unix_socket(path: str, identity: tuple[int, int]) -> None:
+    """Removes the socket this learner bound at `path`, unless something
+    else has taken the path since (another learner's socket stays)."""
+    try:
+        if socket_identity(path) == identity:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def listen_unix(server: grpc.aio.Server, address: str) -> tuple[int, tuple[int, int] | None]:
+    """Binds a unix socket readable and writable by its owner only (mode
+    0600); returns (gRPC's port, the socket file's identity for
+    `remove_unix_socket`)."""
+    path = address[len("unix:"):]
+    claim_unix_path(path)
     # The umask makes the socket 0600 from its creation on (no window where
     # another local user could connect); the learner has no other threads
     # creating files yet while it starts serving.
@@ -212,9 +282,19 @@ def listen_unix(server: grpc.aio.Server, address: str) -> int:
         port = server.add_insecure_port(address)
     finally:
         os.umask(previous)
-    if port:
-        os.chmod(path, 0o600)
-    return port
+    if not port:
+        return port, None
+    os.chmod(path, 0o600)
+    return port, socket_identity(path)
+
+
+def health_host(address: str) -> str:
+    """Where the plaintext health port listens: the learner's own interface
+    for a TCP address (all of them for a wildcard), loopback for a unix
+    socket, so probes reach no further than the learner itself does."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return "127.0.0.1"
+    return address.rsplit(":", 1)[0]
 
 
 class IdleWatchdog:

@@ -17,10 +17,21 @@ and a third in the newest:
     is written still leaves one complete replay on disk.
 
 That is everything `seedq train --resume` needs to continue a run and
-`seedq eval` needs to rebuild the policy. orbax writes each step into a
-temporary directory and renames it when complete, so a crash (even SIGKILL
-mid-save) never leaves a half checkpoint that a resume would pick up; only the
-newest `checkpoints_to_keep` steps are kept.
+`seedq eval` needs to rebuild the policy.
+
+Durability: a kill at any moment of any save leaves the newest complete step
+readable, replay included.
+
+  * orbax writes each step into a temporary directory and renames it when
+    complete, so a half-written step never carries a step name;
+  * deletions (orbax's pruning of steps beyond `checkpoints_to_keep`, the
+    replays of older steps) first rename what they delete into `.trash/`,
+    so a half-deleted step never carries a step name either;
+  * the final save of a step that is already on disk (no train step since
+    the last save, newer counters) writes the whole replacement under
+    `.staging/` first and swaps it in by two renames; a kill between them
+    leaves the complete replacement in `.staging/`, which `locate` reads and
+    the next writer installs (`recover`).
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ FORMAT_VERSION = 1
 WRITER_KEY = "seedq_version"
 DIRNAME = "checkpoints"
 REPLAY_ITEM = "replay"
+# Subdirectories of the checkpoints directory (no step names: orbax ignores them).
+TRASH = ".trash"  # what a save deletes, renamed here first and removed after
+STAGING = ".staging"  # a final save's replacement of an existing step, complete before the swap
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -100,6 +114,74 @@ def _state_tree(state, rng) -> dict:
     return {"learner": serialization.to_state_dict(jax.device_get(state)), "rng": np.asarray(rng)}
 
 
+def _step_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def _fsync_directory(path: str) -> None:
+    """Makes the renames inside `path` durable (POSIX: a rename is in the directory's data)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_primary() -> bool:
+    """Whether this process renames and deletes (one process of a group does; orbax's rule)."""
+    return jax.process_index() == 0
+
+
+def _steps_in(root: str) -> list[int]:
+    """The complete steps directly under `root` (orbax's temporary directories excluded)."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(
+        int(m.group(1))
+        for m in (_STEP_DIR.match(name) for name in os.listdir(root))
+        if m and os.path.isdir(os.path.join(root, m.group(0)))
+    )
+
+
+def empty_trash(root: str) -> None:
+    """Removes `.trash/` (what earlier saves deleted); a kill midway leaves
+    only more trash, never a half step under a step name."""
+    import shutil
+
+    shutil.rmtree(os.path.join(root, TRASH), ignore_errors=True)
+
+
+def move_to_trash(root: str, path: str, name: str) -> None:
+    """Renames `path` into `root/.trash/<name>` (atomic: the name it had is gone at once)."""
+    trash = os.path.join(root, TRASH)
+    os.makedirs(trash, exist_ok=True)
+    target = os.path.join(trash, name)
+    if os.path.exists(target):
+        import shutil
+
+        shutil.rmtree(target)
+    os.rename(path, target)
+
+
+def install_staged(root: str) -> None:
+    """Completes an interrupted replacement: a complete step in `.staging/`
+    takes the place of the step of the same number (moved to the trash),
+    then the staging and trash directories are cleared. A no-op when there
+    is nothing staged."""
+    import shutil
+
+    staging = os.path.join(root, STAGING)
+    for step in _steps_in(staging):
+        target = os.path.join(root, _step_name(step))
+        if os.path.exists(target):
+            move_to_trash(root, target, f"{_step_name(step)}.replaced")
+        os.rename(os.path.join(staging, _step_name(step)), target)
+    if os.path.isdir(root):
+        _fsync_directory(root)
+    shutil.rmtree(staging, ignore_errors=True)
+    empty_trash(root)
+
+
 class CheckpointWriter:
     """Saves snapshots of one run; asynchronous unless asked to wait (or
     `asynchronous` is false: a multi-process learner's, whose processes call
@@ -109,18 +191,27 @@ class CheckpointWriter:
         import orbax.checkpoint as ocp
 
         self.directory = os.path.abspath(os.path.join(logdir, DIRNAME))
+        if _is_primary():
+            install_staged(self.directory)  # a final save killed between its two renames
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=_options(
                 max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-                enable_async_checkpointing=asynchronous,
+                enable_async_checkpointing=asynchronous, todelete_subdir=TRASH,
             ),
             item_handlers=_handlers(),
         )
         self._replay_written = False  # a save with a replay has started; older ones await pruning
+        # Tests set this to a function of a stage name that raises, to stop a
+        # save there the way a kill would (`STAGES`).
+        self.fault_hook = None
+
+    def _stage(self, name: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(name)
 
     def path(self, step: int) -> str:
-        return os.path.join(self.directory, f"step_{step:09d}")
+        return os.path.join(self.directory, _step_name(step))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -130,52 +221,106 @@ class CheckpointWriter:
 
         Returns at once (the files are written in the background) unless
         `wait`. A step that is already saved is kept as it is, unless
-        `replace` (the final checkpoint: same parameters, newer counters).
+        `replace` (the final checkpoint: same parameters, newer counters),
+        which writes the replacement whole before the old step goes.
         """
-        import orbax.checkpoint as ocp
-
         step = snapshot.step
         # The previous save is complete after this (orbax would wait here anyway).
         self._manager.wait_until_finished()
         self.prune_replays()
+        if _is_primary():
+            empty_trash(self.directory)  # the steps orbax pruned after the previous save
+        self._stage("before_write")
         exists = step in self._manager.all_steps()
         if exists and replace:
-            self._manager.delete(step)
-        if not exists or replace:
-            items = {
-                "state": ocp.args.StandardSave(_state_tree(snapshot.state, snapshot.rng)),
-                "meta": ocp.args.JsonSave(snapshot.meta()),
-            }
+            self._replace(step, snapshot)
+        elif not exists:
             if snapshot.replay is not None:
-                items[REPLAY_ITEM] = ocp.args.StandardSave(snapshot.replay[0])
                 self._replay_written = True
-            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self._manager.save(step, args=self._items(snapshot), force=True)
         if wait:
             self._manager.wait_until_finished()
+        self._stage("written")
+        if wait:
             self.prune_replays()
         return self.path(step)
+
+    def _items(self, snapshot: Snapshot):
+        import orbax.checkpoint as ocp
+
+        items = {
+            "state": ocp.args.StandardSave(_state_tree(snapshot.state, snapshot.rng)),
+            "meta": ocp.args.JsonSave(snapshot.meta()),
+        }
+        if snapshot.replay is not None:
+            items[REPLAY_ITEM] = ocp.args.StandardSave(snapshot.replay[0])
+        return ocp.args.Composite(**items)
+
+    def _replace(self, step: int, snapshot: Snapshot) -> None:
+        """Rewrites an existing step without a moment where it is absent:
+        the replacement is written whole under `.staging/`, then swapped in."""
+        import orbax.checkpoint as ocp
+
+        staging = os.path.join(self.directory, STAGING)
+        staged = ocp.CheckpointManager(
+            staging, options=_options(create=True, cleanup_tmp_directories=True, enable_async_checkpointing=False),
+            item_handlers=_handlers(),
+        )
+        try:
+            if step in staged.all_steps():
+                staged.delete(step)
+            staged.save(step, args=self._items(snapshot), force=True)
+            staged.wait_until_finished()
+        finally:
+            staged.close()
+        self._stage("staged")
+        if _is_primary():
+            install_staged(self.directory)
+        _sync_processes("seedq-checkpoint-replace")
+        self._manager.reload()
+        if snapshot.replay is not None:
+            self._replay_written = True
 
     def prune_replays(self) -> None:
         """Once no save is in flight and the newest step holds a replay, deletes
         the replay item of every older step (their parameters stay). Cheap
         when there is nothing to do: call it as often as convenient."""
-        import shutil
-
         if not self._replay_written or self._manager.is_saving_in_progress():
             return
         self._replay_written = False
         latest = self._manager.latest_step()
         if latest is None or not os.path.isdir(os.path.join(self.path(latest), REPLAY_ITEM)):
             return  # (a final save without a replay keeps the previous one)
+        if not _is_primary():
+            return
         for step in self._manager.all_steps():
             path = os.path.join(self.path(step), REPLAY_ITEM)
             if step != latest and os.path.isdir(path):
-                shutil.rmtree(path)
+                move_to_trash(self.directory, path, f"{_step_name(step)}.{REPLAY_ITEM}")
+                self._stage("pruning")
+        empty_trash(self.directory)
 
     def close(self) -> None:
         self._manager.wait_until_finished()
         self.prune_replays()
         self._manager.close()
+        if _is_primary():
+            empty_trash(self.directory)
+
+
+# Where a save can be stopped (CheckpointWriter.fault_hook): before anything is
+# written, once the replacement of a final save is complete but not swapped in,
+# once the new step is complete but older ones are not pruned, and between
+# the replays of older steps as they are pruned.
+STAGES = ("before_write", "staged", "written", "pruning")
+
+
+def _sync_processes(name: str) -> None:
+    """Waits for every process of a learner group (no-op alone)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def process_share(snapshot: Snapshot, index: int, size: int) -> Snapshot:
@@ -216,11 +361,12 @@ def locate(path: str) -> tuple[str, int]:
     if match:
         return os.path.dirname(path), int(match.group(1))
     root = os.path.join(path, DIRNAME) if os.path.isdir(os.path.join(path, DIRNAME)) else path
-    steps = sorted(
-        int(m.group(1))
-        for m in (_STEP_DIR.match(name) for name in os.listdir(root))
-        if m and os.path.isdir(os.path.join(root, m.group(0)))
-    )
+    steps = _steps_in(root)
+    # A final save killed between its two renames: its complete replacement
+    # is the newest state of that step (the next writer installs it).
+    staged = _steps_in(os.path.join(root, STAGING))
+    if staged and (not steps or staged[-1] >= steps[-1]):
+        return os.path.join(root, STAGING), staged[-1]
     if not steps:
         raise CheckpointError(f"{path}: no checkpoint in it (expected {DIRNAME}/step_*)")
     return root, steps[-1]

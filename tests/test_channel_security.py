@@ -105,7 +105,7 @@ def pki(tmp_path_factory):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("address, loopback", [
-    ("unix:/tmp/x.sock", True), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
+    ("unix:/tmp/x.sock", True), ("unix-abstract:x", False), ("127.0.0.1:50051", True), ("127.0.0.2:1", True),
     ("localhost:50051", True), ("[::1]:50051", True),
     ("0.0.0.0:50051", False), ("[::]:50051", False), ("10.0.0.5:50051", False),
     ("learner.example.com:50051", False),
@@ -117,12 +117,39 @@ def test_loopback_addresses(address, loopback):
 @pytest.mark.unit
 def test_exposure_rule():
     public = "0.0.0.0:50051"
-    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without credentials"):
+    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0:50051 without client authentication"):
         channel.check_exposure(TrainConfig(), public)
     channel.check_exposure(TrainConfig(), "127.0.0.1:50051")
     channel.check_exposure(TrainConfig(insecure=True), public)
     channel.check_exposure(TrainConfig(auth=AuthConfig(token_file="t")), public)
-    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), public)
+    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k", client_ca="ca")), public)
+    channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k"), auth=AuthConfig(token_file="t")), public)
+
+
+@pytest.mark.unit
+def test_server_only_tls_is_not_client_authentication():
+    """TLS without a client CA proves the learner to the actor, not the actor
+    to the learner: off-host it is refused, naming both ways to authenticate."""
+    with pytest.raises(ValueError) as refused:
+        channel.check_exposure(TrainConfig(tls=TlsConfig(cert="c", key="k")), "0.0.0.0:50051")
+    message = str(refused.value)
+    assert "--tls.client-ca" in message and "--auth.token-file" in message and "\n" not in message
+
+
+@pytest.mark.unit
+def test_an_abstract_unix_socket_needs_credentials():
+    """An abstract socket has no file mode: every local user can connect."""
+    with pytest.raises(ValueError, match="without client authentication"):
+        channel.check_exposure(TrainConfig(), "unix-abstract:seedq")
+    channel.check_exposure(TrainConfig(), "unix:/tmp/seedq.sock")
+
+
+@pytest.mark.unit
+def test_a_token_in_clear_is_allowed_with_one_warning(caplog):
+    caplog.set_level("WARNING", logger="seedq.server")
+    channel.check_exposure(TrainConfig(auth=AuthConfig(token_file="t")), "10.0.0.5:50051")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "in clear" in warnings[0]
 
 
 @pytest.mark.e2e
@@ -133,7 +160,7 @@ def test_learner_on_a_public_address_without_credentials_refuses_to_start(tmp_pa
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"refusing to serve 0.0.0.0:{port} without credentials" in lines[0]
+    assert f"refusing to serve 0.0.0.0:{port} without client authentication" in lines[0]
     assert "--insecure" in lines[0] and "Traceback" not in result.stderr
     with socket.socket() as s:  # it never listened
         assert s.connect_ex(("127.0.0.1", port)) != 0
@@ -208,6 +235,30 @@ def test_token_is_checked_on_every_rpc_and_health_is_exempt(tmp_path, caplog):
 
 
 @pytest.mark.e2e
+def test_an_unauthenticated_request_is_refused_before_it_is_received(tmp_path):
+    """Size checks come after authentication: a request over the size limit
+    from a peer without the token is told UNAUTHENTICATED, the learner never
+    having taken in its bytes (RESOURCE_EXHAUSTED would mean it had)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    oversized = seed_pb2.ParamsRequest(actor_id="x" * (70 << 20))
+
+    async def main():
+        server, address, _ = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0", auth=AuthConfig(token_file=str(token)))
+        try:
+            async with grpc.aio.insecure_channel(address) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async for _ in seed_pb2_grpc.LearnerStub(ch).PullParams(oversized, timeout=30):
+                        pass
+            return refused.value.code()
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(main()) == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.e2e
 def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
     use server.health_port; no Learner RPC is reachable there."""
@@ -260,6 +311,61 @@ def test_unix_socket_is_owner_only_and_health_reports_not_serving_until_told(tmp
     assert mode == 0o600
     assert before == health_pb2.HealthCheckResponse.NOT_SERVING
     assert after == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.e2e
+def test_binding_a_unix_socket_replaces_only_a_stale_socket(tmp_path):
+    """A file that is not a socket, or the socket of a learner still serving,
+    is refused in one line and left as it was; a crashed learner's socket
+    (nobody listening) is replaced."""
+    not_a_socket = tmp_path / "notes.txt"
+    not_a_socket.write_text("keep me")
+    stale = tmp_path / "stale.sock"
+    crashed = socket.socket(socket.AF_UNIX)
+    crashed.bind(str(stale))
+    crashed.close()  # bound, never listening: what a killed learner leaves
+
+    async def main():
+        with pytest.raises(OSError, match="exists and is not a socket"):
+            await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{not_a_socket}")
+        first, address, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{stale}")
+        try:
+            with pytest.raises(OSError, match="another process is serving on this socket"):
+                await start_server(seed_pb2_grpc.LearnerServicer(), address)
+        finally:
+            await first.stop(None)
+
+    asyncio.run(main())
+    assert not_a_socket.read_text() == "keep me"
+    assert not stale.exists()  # removed by the learner that bound it
+
+
+@pytest.mark.e2e
+def test_a_learner_removes_its_own_socket_only(tmp_path):
+    """Of two learners that bound one path in turn (the first one's socket file
+    was removed meanwhile), the first to stop leaves the second's socket."""
+    path = tmp_path / "learner.sock"
+
+    async def main():
+        first, _, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{path}")
+        os.unlink(path)
+        second, _, _ = await start_server(seed_pb2_grpc.LearnerServicer(), f"unix:{path}")
+        await first.stop(None)
+        still_there = path.exists()
+        await second.stop(None)
+        return still_there
+
+    assert asyncio.run(main()) is True
+    assert not path.exists()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("address, host", [
+    ("unix:/tmp/l.sock", "127.0.0.1"), ("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:50051", "0.0.0.0"),
+    ("10.0.0.5:50051", "10.0.0.5"), ("[::]:50051", "[::]"),
+])
+def test_the_health_port_listens_where_the_learner_does(address, host):
+    assert channel.health_host(address) == host
 
 
 @pytest.mark.e2e
@@ -399,3 +505,28 @@ def test_idle_watchdog_closes_only_streams_waiting_on_a_silent_actor():
     silent, busy = asyncio.run(main())
     assert isinstance(silent, asyncio.CancelledError)
     assert busy == "served"
+
+
+@pytest.mark.unit
+def test_certs_never_write_a_key_into_a_file_others_can_read(tmp_path, monkeypatch):
+    """A key file left world-readable by an earlier run is replaced by a new
+    0600 file, not rewritten in place and restricted afterwards: at each
+    write of key material the file written to is already owner-only."""
+    out = tmp_path / "pki"
+    out.mkdir()
+    for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
+        (out / name).write_text("old")
+        os.chmod(out / name, 0o644)
+    modes_at_write = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        modes_at_write.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    paths = certs_lib.make(str(out), hosts=("localhost",))
+    monkeypatch.undo()
+    assert modes_at_write.count(0o600) >= 4 and set(modes_at_write) <= {0o600, 0o644}
+    for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
+        assert stat.S_IMODE(os.stat(paths[name] if name in paths else out / name).st_mode) == 0o600

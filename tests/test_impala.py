@@ -12,6 +12,7 @@ import json
 import queue
 import subprocess
 import sys
+import time
 import uuid
 
 import grpc
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from seedq.actor.impala_actor import UnrollBuilder
+from seedq.impala.actor import UnrollBuilder
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.quant.mode import InferencePrecision
@@ -27,7 +28,8 @@ from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.v1 import seed_pb2, seed_pb2_grpc
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 from seedq import schema
 from serving import serve
 
@@ -274,6 +276,72 @@ def test_pull_serves_int8_params_and_seed_streams_are_told_to_use_impala_actors(
         assert "seedq impala-actor" in e.value.details()
 
 
+@pytest.fixture
+def full_queue_learner(tmp_path):
+    """An IMPALA learner that does not train, with room for 8 unrolls: a few pushes fill it."""
+    from seedq.learner.learner import Learner
+
+    config = dataclasses.replace(
+        TrainConfig(), env="CartPole-v1", architecture="impala",
+        vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4),
+        server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=8),
+    )
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    learner._drain_loop = learner._stop.wait  # nothing takes unrolls out
+    address = learner.start(train=False)
+    yield learner, address
+    learner.stop()
+
+
+def _push_async(stream, learner):
+    """Sends one batch without waiting for its ack (it waits while the queue is full)."""
+    stream._requests.put(impala_codec.encode_unrolls(good_unrolls(learner), 0, [], []))
+
+
+def test_pushes_waiting_on_a_full_queue_leave_parameter_pulls_served(full_queue_learner):
+    """Streams held back by a full queue wait on the event loop, not in the
+    executor threads that parameter pulls use: more waiting streams than the
+    default executor has threads, and a pull still answers."""
+    learner, address = full_queue_learner
+    streams = [PushStream(address) for _ in range(36)]  # the default executor has at most 32 threads
+    try:
+        for stream in streams:
+            stream.handshake()
+        for stream in streams:
+            _push_async(stream, learner)  # 4 of them fill the queue, the other 32 wait
+        deadline = time.monotonic() + 20
+        while len(learner.queue) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the other pushes reach the learner and wait
+        with grpc.insecure_channel(address) as channel:
+            stub = seed_pb2_grpc.LearnerStub(channel)
+            chunks = list(stub.PullParams(seed_pb2.ParamsRequest(actor_id="x", have_version=-1), timeout=20))
+        assert impala_codec.join_chunks(chunks)[0] == learner.version
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_a_superseded_impala_stream_is_aborted_at_its_next_push(full_queue_learner):
+    """An actor that restarted (same id, new run) replaces its old stream: the
+    old one's pushes are refused with ABORTED rather than still queued."""
+    learner, address = full_queue_learner
+    old, new = PushStream(address), PushStream(address)
+    try:
+        hello = codec.encode_handshake(CARTPOLE, actor_id="restarting", run_id="run-1", num_envs=2)
+        old.send(seed_pb2.UnrollMessage(handshake=hello.handshake))
+        hello = codec.encode_handshake(CARTPOLE, actor_id="restarting", run_id="run-2", num_envs=2)
+        new.send(seed_pb2.UnrollMessage(handshake=hello.handshake))
+        queued = len(learner.queue)
+        with pytest.raises(grpc.RpcError) as e:
+            old.send(impala_codec.encode_unrolls(good_unrolls(learner), 0, [], []))
+        assert e.value.code() == grpc.StatusCode.ABORTED and "superseded" in e.value.details()
+        assert len(learner.queue) == queued
+    finally:
+        old.close()
+        new.close()
+
+
 # --- real processes ---------------------------------------------------------------------
 
 
@@ -361,7 +429,7 @@ def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
     """The actor's vector env clips actions, so its own spec has unbounded Box
     actions; its local network must still squash the Gaussian's mean into the
     env's bounds exactly as the learner's network does."""
-    from seedq.actor.impala_actor import acting_for
+    from seedq.impala.actor import acting_for
     from seedq.config import defaults_for
     from seedq.envs import env_spec, make_vector_env
 

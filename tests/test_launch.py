@@ -266,6 +266,8 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
     (["--accelerator", "quantum", "--image", "i"], "--accelerator quantum"),
     (["--accelerator", "cpu", "--image", "i", "--address", "0.0.0.0:1"], "--address is set by the render"),
     (["--accelerator", "cpu", "--image", "i", "--tls-mode", "none", "--token-secret", ""], "--insecure"),
+    (["--accelerator", "cpu", "--image", "i", "--tls-mode", "server", "--token-secret", ""],
+     "--tls-mode mutual"),
     (["--accelerator", "cpu", "--image", "i", "--logdir", "runs/x"], "under /runs/"),
     (["--accelerator", "cpu", "--image", "i", "--name", "Pong_TPU"], "a DNS label"),
 ])
@@ -379,6 +381,33 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     assert "--allow=tcp:50051" in firewall and "--source-tags=seedq-actor" in firewall
 
 
+@pytest.mark.unit
+def test_actor_vms_hold_the_least_they_need(token):
+    """Their own service account (one role: reading the run's secrets), not the
+    project's default account; actors as an unprivileged user; one pinned
+    install, not `pip install seedq` of whatever the index has at every boot."""
+    import seedq
+
+    script = dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token)
+    commands = _commands(script)
+    template = next(c for c in commands if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
+    account = "seedq-actor@proj.iam.gserviceaccount.com"
+    assert f"--service-account={account}" in template
+    assert ["gcloud", "secrets", "add-iam-policy-binding", "seedq-token", f"--member=serviceAccount:{account}",
+            "--role=roles/secretmanager.secretAccessor", "--project", "proj"] in commands
+    startup = _heredoc(script)
+    subprocess.run(["bash", "-n"], input=startup, text=True, check=True)
+    assert "User=seedq" in startup.splitlines()
+    assert f"INSTALLED=seedq=={seedq.__version__}" in startup.splitlines()
+    assert 'if [ "$(cat /opt/seedq/installed 2>/dev/null)" != "$INSTALLED" ]; then' in startup
+    down = _commands(dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token, "--down"))
+    assert ["gcloud", "iam", "service-accounts", "delete", account, "--quiet", "--project", "proj"] in down
+    # Without secrets to read, the VMs get no account at all.
+    insecure = _commands(dry_run("gpu-vm", "--zone", "z", "--insecure"))
+    template = next(c for c in insecure if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
+    assert "--no-service-account" in template and "--no-scopes" in template
+
+
 @pytest.mark.e2e
 def test_actor_startup_script_runs_actors_against_the_learner_with_the_token(token, tmp_path):
     script = dry_run("gpu-vm", "--zone", "europe-west4-a", "--auth.token-file", token,
@@ -426,6 +455,9 @@ def test_teardown_and_refusals(token):
     assert code == 2 and "--auth.token-file" in err and err.count("\n") == 1
     code, out, err = run_cli(["launch", "gpu-vm", "--zone", "z", "--dry-run", "--auth.token-file", "/no/such"])
     assert code == 2 and "/no/such: no such file" in err
+    # Server-only TLS authenticates no actor: refused like no credentials at all.
+    code, out, err = run_cli(["launch", "gpu-vm", "--zone", "z", "--dry-run", "--tls.cert", token, "--tls.key", token])
+    assert code == 2 and "--tls.client-ca" in err and "--auth.token-file" in err and err.count("\n") == 1
 
 
 @pytest.mark.e2e

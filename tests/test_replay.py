@@ -377,3 +377,50 @@ def test_load_state_dict_names_the_field_that_does_not_fit():
     other = dict(FIELDS, obs=StepFieldSpec((L, 3), np.float32))
     with pytest.raises(ValueError, match=r"replay field obs is \[\[5, 2\], '<f4'\] in the checkpoint, \[\[5, 3\]"):
         PrioritizedReplay(8, other).load_state_dict(arrays, scalars)
+
+
+class _LockThatLetsOthersIn:
+    """The replay's lock, calling `between()` each time it is released: what
+    the training thread would do while the reporting thread snapshots."""
+
+    def __init__(self, between):
+        self._lock, self._between, self._inside = threading.Lock(), between, False
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self._lock.release()
+        if not self._inside:
+            self._inside = True
+            try:
+                self._between()
+            finally:
+                self._inside = False
+
+
+@pytest.mark.unit
+def test_a_snapshot_lets_adds_in_between_its_chunks_and_keeps_the_rows_as_they_were(monkeypatch):
+    """The checkpoint's copy does not hold the lock for the whole replay (the
+    training thread adds and samples between chunks), and rows overwritten
+    before their chunk was copied are saved as they were when it began."""
+    import seedq.replay.prioritized as prioritized
+
+    capacity = 16
+    replay = PrioritizedReplay(capacity, {"obs": StepFieldSpec((4,), np.int64)}, seed=0)
+    replay.add({"obs": np.repeat(np.arange(capacity)[:, None], 4, axis=1)})  # row i holds i
+    before = replay._data["obs"].copy()
+    monkeypatch.setattr(prioritized, "SNAPSHOT_CHUNK_BYTES", 1, raising=False)  # one row per chunk
+    adds_during = []
+
+    def train_step():
+        if replay._snapshot is not None:
+            adds_during.append(replay._snapshot.copied)
+            replay.add({"obs": np.full((3, 4), 100 + len(adds_during))})  # overwrites rows ahead of the copy
+            replay.sample(2)
+
+    replay._lock = _LockThatLetsOthersIn(train_step)
+    arrays, scalars = replay.state_dict()
+    assert len(adds_during) >= capacity - 1  # the training thread ran between chunks
+    np.testing.assert_array_equal(arrays["data"][0], before)
+    assert scalars["size"] == capacity and scalars["inserted"] == capacity

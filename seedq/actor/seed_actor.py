@@ -55,6 +55,12 @@ FATAL_CODES = (
 )
 
 
+def slots_full(error: grpc.aio.AioRpcError) -> bool:
+    """The learner's env-slot budget is full (docs/wire.md): a refusal to retry."""
+    return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and (error.details() or "").startswith(
+        codec.SLOT_BUDGET_MARKER)
+
+
 class FatalActorError(RuntimeError):
     """The learner refused this actor for a reason reconnecting will not fix."""
 
@@ -228,6 +234,7 @@ async def run_actor(
     spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
     attempt = suspected_in_a_row = 0
+    told_slots_full = False
     try:
         metadata = channel_lib.call_metadata(channel_config)
         async with channel_lib.open_channel(channel_target(address), channel_config) as channel:
@@ -243,7 +250,12 @@ async def run_actor(
                         skip_seconds=stats_skip_seconds,
                     )
                 except grpc.aio.AioRpcError as e:
-                    if e.code() in FATAL_CODES:
+                    if slots_full(e):
+                        # Slots free as other actors leave: wait, saying why once.
+                        if not told_slots_full:
+                            print(f"actor {actor_id}: {e.details()}", file=sys.stderr, flush=True)
+                            told_slots_full = True
+                    elif e.code() in FATAL_CODES:
                         raise FatalActorError(f"learner refused actor {actor_id}: {e.details()}") from None
                     refused = channel_lib.auth_failure(e)
                     suspected = channel_lib.suspected_refusal(e, tls=bool(channel_config.tls.ca))

@@ -7,6 +7,7 @@ import json
 import typing
 from typing import Any
 
+from seedq import atomic_files
 from seedq.config.layout import LAYOUT_KEY, migrated, with_layout
 from seedq.config.run import TrainConfig
 
@@ -16,9 +17,9 @@ def to_dict(config: Any) -> dict:
 
 
 def save(config: TrainConfig, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(saved_dict(config), f, indent=2, sort_keys=True)
-        f.write("\n")
+    """Writes config.json (with its layout version) whole and durably: `--resume`
+    reads it, so a kill or a full disk mid-write must leave the previous file, not a part."""
+    atomic_files.write_json_atomically(path, saved_dict(config), indent=2, sort_keys=True)
 
 
 def from_dict(cls: type, data: dict) -> Any:

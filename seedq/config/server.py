@@ -32,6 +32,10 @@ class ServerConfig:
     queue_capacity_unrolls: int = 256
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
+    # Env slots of all actors together: a handshake that would pass it is
+    # refused with RESOURCE_EXHAUSTED (its actor retries). 0: sized to the
+    # learner's memory for the observation and unroll length (1024 to 65536).
+    max_envs: int = 0
     # Dead-peer detection (docs/security.md): a keepalive ping goes to each
     # actor connection every this many seconds.
     keepalive_seconds: float = 10.0
@@ -40,7 +44,8 @@ class ServerConfig:
     # freed and its partial unrolls dropped.
     peer_timeout_seconds: float = 30.0
     # Also serve the standard gRPC health service alone, in plaintext, on this
-    # TCP port of every interface (0: off): Kubernetes' gRPC probes cannot speak
+    # TCP port of the learner's interface (every interface for a wildcard
+    # address, loopback for a unix socket; 0: off): Kubernetes' gRPC probes cannot speak
     # TLS, and this port answers health checks only (no training RPC).
     health_port: int = 0
 
@@ -51,7 +56,8 @@ class ServerConfig:
         })
         check_channel(self.keepalive_seconds, self.peer_timeout_seconds, "server.")
         check_batching_rule(self.batching)
-        check_non_negative({"server.batch_timeout_ms": self.batch_timeout_ms, "server.health_port": self.health_port})
+        check_non_negative({"server.batch_timeout_ms": self.batch_timeout_ms, "server.health_port": self.health_port,
+                            "server.max_envs": self.max_envs})
 
 
 @dataclasses.dataclass(frozen=True)

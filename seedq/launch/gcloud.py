@@ -32,13 +32,15 @@ import shlex
 import subprocess
 import time
 
+from seedq import channel
 from seedq.config import TrainConfig
 from seedq.launch.options import RUNTIME_VERSIONS, VmOptions
 
 # On the learner VM (relative to the ssh user's home): credentials and the venv.
 VM_DIR = "seedq"
-# On the actor VMs (the startup script runs as root).
+# On the actor VMs (the startup script runs as root; the actors as ACTOR_USER).
 ACTOR_DIR = "/etc/seedq"
+ACTOR_USER = "seedq"
 
 
 POLL_SECONDS = 30
@@ -64,10 +66,22 @@ def _local_wheel(opts: VmOptions) -> bool:
     return os.path.isfile(opts.install)
 
 
+def install_source(opts: VmOptions) -> str:
+    """What the VMs `pip install`: the package pinned to this seedq's version
+    by default (actors and learner of one version, not whatever the index has
+    at a VM's boot), or the wheel or URL given."""
+    if _local_wheel(opts):
+        return f"{VM_DIR}/{os.path.basename(opts.install)}"
+    if opts.install == "seedq":
+        import seedq
+
+        return f"seedq=={seedq.__version__}"
+    return opts.install
+
+
 def _install_words(opts: VmOptions, pip: str, extra: str) -> str:
     """The shell commands that install seedq (as in the README) plus the accelerator's jax build."""
-    source = f"{VM_DIR}/{os.path.basename(opts.install)}" if _local_wheel(opts) else opts.install
-    words = f"{pip} install {shlex.quote(source)}"
+    words = f"{pip} install {shlex.quote(install_source(opts))}"
     if extra:
         words += f" && {pip} install -U {shlex.quote(extra)}"
     return words
@@ -138,7 +152,9 @@ def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
     flags = ["--env", config.env, "--num-envs", str(config.envs_per_actor), *config_flags(config.env_options, EnvOptions)]
     fetch = []
     for secret, (_, flag) in actor_secrets(config, opts).items():
-        fetch.append(f"gcloud secrets versions access latest --secret={secret} > {ACTOR_DIR}/{secret}")
+        # Readable by the actors' user (group), by no one else.
+        fetch.append(f"(umask 0137; gcloud secrets versions access latest --secret={secret} > {ACTOR_DIR}/{secret})"
+                     f" && chgrp {ACTOR_USER} {ACTOR_DIR}/{secret}")
         flags += [flag, f"{ACTOR_DIR}/{secret}"]
     if opts.tls_server_name:
         flags += ["--tls.server-name", opts.tls_server_name]
@@ -152,11 +168,17 @@ def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
     return "\n".join([
         "#!/bin/bash",
         "# Startup script of the seedq actor VMs (rendered by `seedq launch`); runs as root at every boot.",
+        "# It installs seedq once (the pinned version), and runs the actors as an unprivileged user.",
         "set -euo pipefail",
-        "apt-get update -q && apt-get install -yq python3-venv",
-        "python3 -m venv /opt/seedq",
-        _install_words(opts, "/opt/seedq/bin/pip", ""),
-        f"install -d -m 0700 {ACTOR_DIR}",
+        f"INSTALLED={shlex.quote(install_source(opts))}",
+        'if [ "$(cat /opt/seedq/installed 2>/dev/null)" != "$INSTALLED" ]; then',
+        "  apt-get update -q && apt-get install -yq python3-venv",
+        "  python3 -m venv /opt/seedq",
+        "  " + _install_words(opts, "/opt/seedq/bin/pip", ""),
+        '  echo "$INSTALLED" > /opt/seedq/installed',
+        "fi",
+        f"id -u {ACTOR_USER} >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {ACTOR_USER}",
+        f"install -d -m 0750 -g {ACTOR_USER} {ACTOR_DIR}",
         *fetch,
         "LEARNER=$(curl -sf -H 'Metadata-Flavor: Google' "
         "http://metadata.google.internal/computeMetadata/v1/instance/attributes/seedq-learner)",
@@ -167,6 +189,11 @@ def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
         "After=network-online.target",
         "[Service]",
         f"EnvironmentFile={ACTOR_DIR}/learner.env",
+        f"User={ACTOR_USER}",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
         f"ExecStart={exec_start}",
         "Restart=always",
         "RestartSec=5",
@@ -179,6 +206,12 @@ def actor_startup_script(config: TrainConfig, opts: VmOptions) -> str:
     ])
 
 
+def actor_service_account(opts: VmOptions) -> str:
+    """The actor VMs' own service account (its project: --project, or gcloud's, captured as ${PROJECT})."""
+    project = opts.project or "${PROJECT}"
+    return f"{opts.name}-actor@{project}.iam.gserviceaccount.com"
+
+
 def actor_vms(config: TrainConfig, opts: VmOptions) -> int:
     return math.ceil(config.num_actors / opts.actor_processes_per_vm)
 
@@ -187,10 +220,24 @@ def _actor_steps(config: TrainConfig, opts: VmOptions, address: str) -> list[Ste
     scope = _scope(opts)
     project = ["--project", opts.project] if opts.project else []
     script_path = f"{opts.name}-actor-startup.sh"
-    steps = [Step(comment="Credentials for the actor VMs, in Secret Manager (their service account "
-                          "needs roles/secretmanager.secretAccessor).")]
-    for secret, (path, _) in actor_secrets(config, opts).items():
+    secrets = actor_secrets(config, opts)
+    steps = [Step(comment="Credentials for the actor VMs, in Secret Manager, readable by the actors' own "
+                          "service account, which has no other role.")]
+    account = actor_service_account(opts)
+    if secrets:
+        if not opts.project:
+            steps.append(Step(("gcloud", "config", "get-value", "project"), capture="PROJECT"))
+        steps.append(Step(("gcloud", "iam", "service-accounts", "create", f"{opts.name}-actor",
+                           "--display-name=seedq actors (reads the run's secrets only)", *project)))
+    for secret, (path, _) in secrets.items():
         steps.append(Step(("gcloud", "secrets", "create", secret, f"--data-file={path}", *project)))
+        steps.append(Step(("gcloud", "secrets", "add-iam-policy-binding", secret,
+                           f"--member=serviceAccount:{account}", "--role=roles/secretmanager.secretAccessor",
+                           *project)))
+    # Secret Manager's API takes the cloud-platform scope only; the account's
+    # single role is the bound. Without secrets the VMs get no account at all.
+    identity = ([f"--service-account={account}", "--scopes=cloud-platform"] if secrets
+                else ["--no-service-account", "--no-scopes"])
     steps += [
         Step(("gcloud", "compute", "firewall-rules", "create", f"{opts.name}-learner", f"--network={opts.network}",
               f"--allow=tcp:{opts.port}", f"--source-tags={opts.name}-actor", f"--target-tags={opts.name}-learner",
@@ -199,7 +246,7 @@ def _actor_steps(config: TrainConfig, opts: VmOptions, address: str) -> list[Ste
         Step(write_path=script_path, write_text=actor_startup_script(config, opts)),
         Step(("gcloud", "compute", "instance-templates", "create", f"{opts.name}-actor",
               f"--machine-type={opts.actor_machine_type}", "--image-family=debian-12", "--image-project=debian-cloud",
-              "--scopes=cloud-platform", f"--tags={opts.name}-actor", f"--network={opts.network}",
+              *identity, f"--tags={opts.name}-actor", f"--network={opts.network}",
               f"--metadata=seedq-learner={address}", f"--metadata-from-file=startup-script={script_path}",
               *(["--provisioning-model=SPOT"] if opts.spot else []), *project)),
         Step(("gcloud", "compute", "instance-groups", "managed", "create", f"{opts.name}-actors",
@@ -212,11 +259,11 @@ def _actor_steps(config: TrainConfig, opts: VmOptions, address: str) -> list[Ste
 
 
 def check_credentials(config: TrainConfig) -> None:
-    if not (config.tls.enabled or config.auth.token_file or config.insecure):
-        raise ValueError(
-            "the learner listens on its VM's network: give --auth.token-file FILE and/or "
-            "--tls.cert/--tls.key (or --insecure to let anyone who reaches the port feed training data)"
-        )
+    if not (config.insecure or channel.authenticates_clients(
+            client_ca=bool(config.tls.client_ca), token=bool(config.auth.token_file))):
+        raise ValueError(channel.unauthenticated_exposure(
+            "the learner on its VM's network",
+            "give a token (--auth.token-file FILE) and/or a client CA (--tls.client-ca with --tls.cert/--tls.key)"))
     for path in learner_files(config):
         if not os.path.isfile(path):
             raise ValueError(f"{path}: no such file (a credential to copy to the VMs)")
@@ -306,6 +353,11 @@ def teardown_plan(config: TrainConfig, opts: VmOptions, kind: str) -> list[Step]
     ]
     for secret in actor_secrets(config, opts):
         steps.append(Step(("gcloud", "secrets", "delete", secret, "--quiet", *project)))
+    if actor_secrets(config, opts):
+        if not opts.project:
+            steps.append(Step(("gcloud", "config", "get-value", "project"), capture="PROJECT"))
+        steps.append(Step(("gcloud", "iam", "service-accounts", "delete", actor_service_account(opts),
+                           "--quiet", *project)))
     if kind == "tpu":
         steps.append(Step(("gcloud", "compute", "tpus", "queued-resources", "delete", f"{opts.name}-qr",
                            "--force", "--quiet", *scope)))

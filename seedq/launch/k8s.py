@@ -36,8 +36,13 @@ import json
 import os
 import sys
 
-import yaml
+from seedq import extras
 
+extras.require("launch", "yaml")
+
+import yaml  # noqa: E402
+
+from seedq import channel
 from seedq import config as config_lib
 from seedq.config import TrainConfig
 from seedq.launch.options import K8sOptions
@@ -334,11 +339,10 @@ def render_objects(config: TrainConfig, opts: K8sOptions) -> list[dict]:
     opts.validate()
     config.validate()
     hosts = learner_hosts(opts)
-    if opts.tls_mode == "none" and not opts.token_secret and not config.insecure:
-        raise ValueError(
-            "no credentials on the actor channel: give --tls-mode server|mutual or --token-secret NAME "
-            "(or --insecure true to let anyone who reaches the port feed training data)"
-        )
+    if not (config.insecure or channel.authenticates_clients(
+            client_ca=opts.tls_mode == "mutual", token=bool(opts.token_secret))):
+        raise ValueError(channel.unauthenticated_exposure(
+            "the learner Service", "give --tls-mode mutual (a client CA) and/or --token-secret NAME"))
     objects = [config_map(config, opts), run_volume_claim(opts), learner_service(opts), learner_job(config, opts)]
     for host, replicas in enumerate(actor_replicas(config.num_actors, hosts)):
         objects.append(actor_deployment(config, opts, host, replicas))

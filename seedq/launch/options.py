@@ -139,8 +139,10 @@ class VmOptions:
     def validate(self, kind: str) -> None:
         if not self.zone:
             raise ValueError("--zone is required (e.g. --zone us-central2-b)")
-        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?", self.name):
-            raise ValueError(f"--name {self.name!r}: lower-case letters, digits and dashes (a GCE resource name)")
+        # <name>-actor also names the actors' service account: 6 to 30 characters.
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,22}[a-z0-9])?", self.name):
+            raise ValueError(f"--name {self.name!r}: up to 24 lower-case letters, digits and dashes "
+                             "(GCE resource and service account names)")
         if self.spot and self.reserved:
             raise ValueError("--spot and --reserved exclude each other")
         if self.reserved and kind != "tpu":

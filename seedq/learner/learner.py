@@ -22,7 +22,7 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq import jax_setup, schema
-from seedq.acting.core import training_reward_clip
+from seedq.rollout.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig
@@ -37,7 +37,7 @@ from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog, StepTimi
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
 from seedq.server.batching import BatchingRule
-from seedq.server.env_table import EnvTable, EpisodeLog
+from seedq.server.env_table import EnvTable, EpisodeLog, slot_budget
 from seedq.server.inference import InferenceServer, bucket_sizes
 from seedq.server.service import LearnerService
 from seedq.server.unrolls import QueueClosed, UnrollQueue
@@ -96,7 +96,7 @@ class Learner:
             log.info("%s", plan.describe())
         self.version = 0
         self.episodes = EpisodeLog(window=config.return_window)
-        self.table = EnvTable(self.episodes)
+        self.table = EnvTable(self.episodes, max_envs=slot_budget(config.server.max_envs, self.agent, self.spec))
         # A group's processes share the capacity, as they share the batch: the
         # same unrolls in flight per update (policy lag) as one process has.
         capacity = config.server.queue_capacity_unrolls
@@ -258,7 +258,7 @@ class Learner:
         peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
             return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
-        from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
+        from seedq.impala.service import ImpalaLearnerService, ParamsPublisher
 
         # The same agent at the actors' precision (ActorQ int8).
         actor_precision = InferencePrecision(self.agent, self.spec, self.config.actor_precision)

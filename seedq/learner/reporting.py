@@ -44,6 +44,7 @@ from seedq.learner.run_control import (
 from seedq.learner.sinks import (
     ConsoleSink, RunInfo, TensorBoardSink, Tick, stats_json, summary_json, write_json_atomically,
 )
+from seedq.learner.records import run_records
 from seedq.learner.stats import LearnerStats
 
 POLL_SECONDS = 0.05
@@ -85,10 +86,10 @@ class RunReporter:
             last_checkpoint_step=stats.train_steps if resumed is not None else None,
         )
         # Process 0 alone writes the run directory.
-        self.tensorboard = TensorBoardSink(
+        self.tensorboard = run_records(config, TensorBoardSink(
             config, stats.frames, purge_step=stats.frames if resumed is not None else None,
             devices=stats.devices,
-        ) if group.is_leader else NoTensorBoard()
+        ), resumed_frames=stats.frames if resumed is not None else None) if group.is_leader else NoTensorBoard()
         self.console = ConsoleSink(config, quiet=quiet, console=console)
         # The first interval counts from the command's start.
         self._last_tick: tuple[LearnerStats, float] = (stats, started)
@@ -248,7 +249,8 @@ class RunReporter:
                           wall_time=time.time())
 
     def write_stats(self) -> None:
-        write_json_atomically(os.path.join(self.config.logdir, "stats.json"), self.stats())
+        # Live status, rewritten every report: whole, but not worth an fsync each time.
+        write_json_atomically(os.path.join(self.config.logdir, "stats.json"), self.stats(), durable=False)
 
     def _stats_loop(self) -> None:
         while not self._stats_stop.is_set():

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 
 from tensorboardX import SummaryWriter
 
+from seedq import atomic_files
 from seedq.config import TrainConfig
 from seedq.learner.run_control import RunClock, TargetRecord
 from seedq.learner.stats import LearnerStats
@@ -322,10 +322,7 @@ def summary_json(
     }
 
 
-def write_json_atomically(path: str, value: dict, *, indent: int | None = None) -> None:
-    """Readers see the old file or the new one, never a part."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=indent)
-        if indent is not None:
-            f.write("\n")
-    os.replace(path + ".tmp", path)
+def write_json_atomically(path: str, value: dict, *, indent: int | None = None, durable: bool = True) -> None:
+    """Readers see the old file or the new one, never a part; `durable`: on
+    disk (fsynced) when this returns."""
+    atomic_files.write_json_atomically(path, value, indent=indent, durable=durable)

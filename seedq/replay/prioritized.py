@@ -14,8 +14,11 @@ so each is likely to be trained on at least once before its TD error is known.
 sequences from the `UnrollQueue` into replay, samples training batches, and
 writes the new priorities back after each update. All of this runs on the
 training thread; `stats()` is also read by the reporting thread (plain
-numbers, read without locks), and so is `checkpoint_state()` (a consistent
-copy, taken under the replay's lock).
+numbers, read without locks), and so is `checkpoint_state()`: a copy of the
+replay as it was when the copy began, taken in chunks of a few MB, each under
+the lock, so the training thread's add/sample wait for one chunk at most;
+rows that an add overwrites before their chunk is copied are kept aside
+first (copy-on-write), which keeps the copy consistent.
 
 Checkpoints (`--r2d2.checkpoint-replay`) hold `checkpoint_state()`: the
 stored sequences, their raw priorities and insertion serials, the counters
@@ -37,6 +40,23 @@ from seedq.replay.sum_tree import SumTree
 # Priorities are floored here so that a sequence whose TD errors are all zero
 # keeps a (tiny) chance of being sampled again.
 MIN_PRIORITY = 1e-6
+# How much of the stored sequences a checkpoint copies per hold of the lock.
+SNAPSHOT_CHUNK_BYTES = 8 << 20
+
+
+class _SnapshotInProgress:
+    """The copy-on-write bookkeeping of one `state_dict` (read and written under the replay's lock)."""
+
+    def __init__(self, until: int):
+        self.until = until  # rows [0, until) are in the snapshot
+        self.copied = 0  # rows [0, copied) are copied already
+        self.kept: dict[int, dict[str, np.ndarray]] = {}  # row -> its fields as the snapshot began
+
+    def keep_before_overwrite(self, rows: np.ndarray, data: dict[str, np.ndarray]) -> None:
+        for row in rows[(rows >= self.copied) & (rows < self.until)]:
+            row = int(row)
+            if row not in self.kept:
+                self.kept[row] = {name: values[row].copy() for name, values in data.items()}
 
 
 class PrioritizedReplay:
@@ -73,6 +93,9 @@ class PrioritizedReplay:
         # Held by every mutation and by `state_dict`, so a checkpoint taken on
         # another thread never sees half an insert.
         self._lock = threading.Lock()
+        # While `state_dict` copies: rows [copied, until) still to copy, and the
+        # former content of such rows that an add has overwritten since.
+        self._snapshot: _SnapshotInProgress | None = None
 
     @property
     def nbytes(self) -> int:
@@ -100,6 +123,8 @@ class PrioritizedReplay:
                 priorities = np.asarray(priorities)[k - self.capacity :]
             k = self.capacity
         rows = (self._next + np.arange(k)) % self.capacity
+        if self._snapshot is not None:
+            self._snapshot.keep_before_overwrite(rows, self._data)
         for name, values in sequences.items():
             self._data[name][rows] = values
         if priorities is None:
@@ -170,7 +195,8 @@ class PrioritizedReplay:
         }
 
     def state_dict(self) -> tuple[dict, dict]:
-        """(arrays, scalars): a consistent copy of everything stored.
+        """(arrays, scalars): a consistent copy of everything stored, as it
+        was when the call began, taken without holding the lock for long.
 
         arrays: "data" (one array [size, ...] per field, in `fields` order),
         "priority" and "serial" [size]; scalars (JSON): the field specs,
@@ -178,9 +204,11 @@ class PrioritizedReplay:
         all the rows in use: the ring fills from row 0 and only wraps when full.
         """
         with self._lock:
+            if self._snapshot is not None:
+                raise RuntimeError("a replay snapshot is already in progress")
             n = self.size
             arrays = {
-                "data": [self._data[name][:n].copy() for name in self.fields],
+                "data": [np.empty_like(self._data[name][:n]) for name in self.fields],
                 "priority": self._priority[:n].copy(),
                 "serial": self._serial[:n].copy(),
             }
@@ -194,6 +222,22 @@ class PrioritizedReplay:
                 "max_priority": self.max_priority,
                 "rng": self._rng.bit_generator.state,
             }
+            self._snapshot = snapshot = _SnapshotInProgress(until=n)
+        row_bytes = max(1, sum(a[0].nbytes for a in arrays["data"]) if n else 1)
+        chunk = max(1, SNAPSHOT_CHUNK_BYTES // row_bytes)
+        try:
+            for start in range(0, n, chunk):
+                stop = min(n, start + chunk)
+                with self._lock:
+                    for out, name in zip(arrays["data"], self.fields):
+                        out[start:stop] = self._data[name][start:stop]
+                    snapshot.copied = stop
+        finally:
+            with self._lock:
+                self._snapshot = None
+        for out, name in zip(arrays["data"], self.fields):
+            for row, kept in snapshot.kept.items():
+                out[row] = kept[name]
         return arrays, scalars
 
     def describe_mismatch(self, scalars: dict) -> str | None:

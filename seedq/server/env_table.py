@@ -2,7 +2,7 @@
 
 Each connected actor owns a contiguous block of *slots*; slot = block start +
 env index, so a request's envs map to slots with one vectorised add and every
-per-env array of the acting core (`seedq.acting.core`: episode book-keeping,
+per-env array of the acting core (`seedq.rollout.core`: episode book-keeping,
 recurrent state, the unroll under construction) is indexed by slot. A new run
 id from a known actor means it restarted: its previous block is released
 (partial unrolls dropped) and a fresh one is handed out.
@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import threading
 
 import numpy as np
+
+from seedq.wire.codec import SLOT_BUDGET_MARKER
 
 
 @dataclasses.dataclass(eq=False)
@@ -83,9 +86,59 @@ class EpisodeLog:
             )
 
 
+# The automatic budget (server.max_envs 0): this share of the learner's memory
+# for the per-slot unroll buffers, within these bounds.
+AUTO_MEMORY_SHARE = 0.25
+AUTO_MIN_ENVS, AUTO_MAX_ENVS = 1024, 1 << 16
+
+
+def memory_bytes() -> int:
+    """This process's memory: the machine's, or its cgroup's limit when lower (a container)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
+def auto_max_envs(bytes_per_slot: int, memory: int | None = None) -> int:
+    """The env-slot budget that keeps the unroll buffers ([slots, length,
+    ...] per field, which grow by doubling) within AUTO_MEMORY_SHARE of
+    memory: 1024 to 65536 slots."""
+    memory = memory_bytes() if memory is None else memory
+    fits = int(AUTO_MEMORY_SHARE * memory / (2 * max(1, bytes_per_slot)))
+    return max(AUTO_MIN_ENVS, min(AUTO_MAX_ENVS, fits))
+
+
+def slot_budget(max_envs: int, agent, spec) -> int:
+    """server.max_envs, or for 0 the automatic budget of this agent's
+    sequences (`auto_max_envs` of the bytes one slot's unroll takes)."""
+    if max_envs:
+        return max_envs
+    from seedq.schema import stored_sequence_shapes
+
+    per_slot = sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize
+                   for f in stored_sequence_shapes(agent, spec).values())
+    return auto_max_envs(per_slot)
+
+
+class SlotBudgetExhausted(Exception):
+    """A handshake would take the learner past its total env-slot budget."""
+
+
 class EnvTable:
-    def __init__(self, episode_log: EpisodeLog):
+    """`max_envs`: the total env slots of all actors together (None: no
+    bound). Every per-slot array of the learner grows with the highest slot
+    handed out, so the bound holds for slots, not just for envs in use: a
+    block is handed out below `max_envs` or not at all."""
+
+    def __init__(self, episode_log: EpisodeLog, max_envs: int | None = None):
         self.episodes = episode_log
+        self.max_envs = max_envs
         self._actors: dict[str, ActorEntry] = {}
         self._free: list[tuple[int, int]] = []  # (first_slot, size) blocks
         self._next_slot = 0
@@ -112,9 +165,19 @@ class EnvTable:
         old = self._actors.get(actor_id)
         if old is not None and not old.closed and old.run_id == run_id:
             raise ValueError(f"actor {actor_id!r} run {run_id!r} is already connected")
+        in_use = self.envs_in_use() - (old.num_envs if old is not None and not old.closed else 0)
+        if self.max_envs is not None and in_use + num_envs > self.max_envs:
+            raise SlotBudgetExhausted(
+                f"{SLOT_BUDGET_MARKER}: {in_use} of this learner's {self.max_envs} env slots are in use and "
+                f"actor {actor_id!r} asks for {num_envs} (server.max_envs); retry once other actors leave")
         if old is not None and not old.closed:
             self.release(old)
-        entry = ActorEntry(actor_id, run_id, num_envs, self._allocate(num_envs))
+        first_slot = self._allocate(num_envs)
+        if first_slot is None:
+            raise SlotBudgetExhausted(
+                f"{SLOT_BUDGET_MARKER}: no free block of {num_envs} slots below this learner's "
+                f"{self.max_envs} (server.max_envs; freed blocks are scattered); retry once other actors leave")
+        entry = ActorEntry(actor_id, run_id, num_envs, first_slot)
         self._actors[actor_id] = entry
         self.runs_started += 1
         return entry, old
@@ -142,7 +205,12 @@ class EnvTable:
                 merged.append((block_start, block_size))
         self._free = merged
 
-    def _allocate(self, size: int) -> int:
+    def envs_in_use(self) -> int:
+        return sum(entry.num_envs for entry in self._actors.values())
+
+    def _allocate(self, size: int) -> int | None:
+        """The first slot of a free block of `size`, or None when every place
+        for it would reach past `max_envs`."""
         for i, (start, block) in enumerate(self._free):
             if block >= size:
                 if block == size:
@@ -151,7 +219,13 @@ class EnvTable:
                     self._free[i] = (start + size, block - size)
                 return start
         start = self._next_slot
-        self._next_slot = start + size
+        if self._free and self._free[-1][0] + self._free[-1][1] == start:
+            start = self._free.pop()[0]  # the free block at the top extends upwards
+        if self.max_envs is not None and start + size > self.max_envs:
+            if start != self._next_slot:
+                self._free_block(start, self._next_slot - start)
+            return None
+        self._next_slot = max(self._next_slot, start + size)
         return start
 
     def book_episodes(self, frames: int, returns: np.ndarray, lengths: np.ndarray) -> None:

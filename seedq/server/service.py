@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
+from seedq.server.env_table import SlotBudgetExhausted
 from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
@@ -209,7 +210,8 @@ class StreamGuard:
     """`async with guard:` ends the stream with the status its error deserves.
 
     ProtocolError -> INVALID_ARGUMENT (OutOfOrder -> FAILED_PRECONDITION),
-    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; RunSuperseded -> ABORTED; ServerClosing ->
+    the text naming the field; undecodable bytes -> INVALID_ARGUMENT; a full
+    env-slot budget -> RESOURCE_EXHAUSTED; RunSuperseded -> ABORTED; ServerClosing ->
     UNAVAILABLE; anything else -> INTERNAL, logged with its traceback first
     (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
     """
@@ -241,6 +243,9 @@ class StreamGuard:
         if isinstance(error, DecodeError):  # bytes that are no message of the RPC's type
             log.warning("refused %s: undecodable message: %s", self.who, error)
             return grpc.StatusCode.INVALID_ARGUMENT, f"message: not a valid protobuf encoding ({error})"
+        if isinstance(error, SlotBudgetExhausted):
+            log.info("refused %s: %s", self.who, error)
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
         if isinstance(error, RunSuperseded):
             return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
         if isinstance(error, ServerClosing):
@@ -280,15 +285,22 @@ async def start_server(
     if server_config.health_port:
         # A server of its own, so that the plaintext port can reach nothing but health checks.
         health_server = grpc.aio.server()
-        if health_server.add_insecure_port(f"0.0.0.0:{server_config.health_port}") == 0:
+        if health_server.add_insecure_port(f"{channel.health_host(address)}:{server_config.health_port}") == 0:
             raise OSError(f"could not listen on health port {server_config.health_port} (server.health_port)")
         servers.append(health_server)
     set_serving = await channel.add_health_service(*servers)
+    unix_socket = None
     try:
+        if address.startswith("unix:"):
+            # TLS on a unix socket too, when configured; the path is claimed first either way.
+            channel.claim_unix_path(address[len("unix:"):])
         if credentials is not None:
             port = server.add_secure_port(address, credentials)
+            if port and address.startswith("unix:"):
+                unix_socket = (address[len("unix:"):], channel.socket_identity(address[len("unix:"):]))
         elif address.startswith("unix:"):
-            port = channel.listen_unix(server, address)
+            port, identity = channel.listen_unix(server, address)
+            unix_socket = (address[len("unix:"):], identity) if identity else None
         else:
             port = server.add_insecure_port(address)
     except RuntimeError:  # gRPC's "Failed to bind" (its details go to the gRPC log)
@@ -299,14 +311,20 @@ async def start_server(
         await each.start()
     if not address.startswith("unix"):
         address = f"{address.rsplit(':', 1)[0]}:{port}"
-    return LearnerServers(servers), address, set_serving
+    return LearnerServers(servers, unix_socket), address, set_serving
 
 
 class LearnerServers:
-    """The learner's gRPC server and, with server.health_port, its health-only server: stopped together."""
+    """The learner's gRPC server and, with server.health_port, its health-only
+    server: stopped together. Stopping removes the unix socket it bound, if
+    that path still holds it."""
 
-    def __init__(self, servers: list[grpc.aio.Server]):
+    def __init__(self, servers: list[grpc.aio.Server], unix_socket: tuple[str, tuple[int, int]] | None = None):
         self._servers = servers
+        self._unix_socket = unix_socket
 
     async def stop(self, grace: float | None) -> None:
         await asyncio.gather(*(server.stop(grace) for server in self._servers))
+        if self._unix_socket is not None:
+            channel.remove_unix_socket(*self._unix_socket)
+            self._unix_socket = None

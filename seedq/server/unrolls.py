@@ -7,6 +7,7 @@ falls behind slows acting down instead of growing memory.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 
@@ -106,6 +107,25 @@ class UnrollQueue:
         self._chunks.append(chunk)
         self._size += _count(chunk)
         self._cond.notify_all()
+
+
+async def put_when_room(queue: UnrollQueue, chunk: dict[str, np.ndarray], *, give_up=lambda: False,
+                        first_wait: float = 0.001, longest_wait: float = 0.02) -> bool:
+    """Puts `chunk` once `queue` has room, waiting on the event loop: the wait
+    can be cancelled (a closed stream) and holds no executor thread, which
+    would keep other RPCs' executor work (parameter pulls) waiting behind it.
+    Returns False, without putting, as soon as `give_up()` is true; raises
+    QueueClosed once the queue is closed. The queue is filled by the
+    event loop and drained by the training thread, which cannot wake a
+    coroutine cheaply; a short poll (1 ms growing to 20 ms) is the wake-up,
+    only while the queue is full."""
+    wait = first_wait
+    while not queue.try_put(chunk):
+        if give_up():
+            return False
+        await asyncio.sleep(wait)
+        wait = min(longest_wait, wait * 2)
+    return True
 
 
 def _count(chunk: dict[str, np.ndarray]) -> int:

@@ -35,6 +35,12 @@ OBSERVATION_DTYPE_KINDS = frozenset("biuf")
 # The learner's gRPC message limit (both directions; docs/wire.md). One env's
 # observation must fit in one message.
 MAX_MESSAGE_BYTES = 64 << 20
+# How the details of a RESOURCE_EXHAUSTED that refuses a handshake begin when
+# the learner's env-slot budget (server.max_envs) is full: unlike a message
+# over the size limit, retrying later can succeed (docs/wire.md).
+SLOT_BUDGET_MARKER = "env-slot budget full"
+# Longest actor_id / run_id a handshake may carry (they are logged and keyed on).
+MAX_ID_LENGTH = 128
 MAX_OBSERVATION_BYTES = MAX_MESSAGE_BYTES
 _LITTLE_ENDIAN_HOST = np.dtype("=i4").str == "<i4"
 
@@ -175,13 +181,22 @@ def decode_handshake(message: seed_pb2.ActorMessage) -> tuple[seed_pb2.Handshake
             "handshake.protocol_version",
             f"actor speaks version {hs.protocol_version}, learner speaks {PROTOCOL_VERSION}",
         )
-    if not hs.actor_id:
-        raise ProtocolError("handshake.actor_id", "must not be empty")
-    if not hs.run_id:
-        raise ProtocolError("handshake.run_id", "must not be empty")
+    for field, value in (("actor_id", hs.actor_id), ("run_id", hs.run_id)):
+        check_id(f"handshake.{field}", value)
     if hs.num_envs <= 0:
         raise ProtocolError("handshake.num_envs", f"must be > 0, got {hs.num_envs}")
     return hs, spec_from_proto(hs.observation, hs.action_space, "handshake")
+
+
+def check_id(field: str, value: str) -> None:
+    """Ids are logged and used as keys: non-empty, at most MAX_ID_LENGTH
+    printable characters (no control characters to forge log lines with)."""
+    if not value:
+        raise ProtocolError(field, "must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise ProtocolError(field, f"{len(value)} characters, at most {MAX_ID_LENGTH}")
+    if not value.isprintable():
+        raise ProtocolError(field, "must be printable characters only")
 
 
 def encode_handshake_ack(spec: EnvSpec, learner_run: str) -> seed_pb2.LearnerMessage:

@@ -23,11 +23,12 @@ import jax
 import numpy as np
 
 from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
-from seedq.server.inference import ServerClosing
+from seedq.server.inference import RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
-from seedq.server.unrolls import QueueClosed
+from seedq.server.unrolls import QueueClosed, put_when_room
 from seedq.v1 import seed_pb2
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 
 log = logging.getLogger("seedq.server")
 
@@ -127,15 +128,17 @@ class ImpalaLearnerService(LearnerService):
                         return
                     if message.WhichOneof("kind") == "handshake":
                         raise codec.OutOfOrder("unrolls", "a second handshake on one stream")
+                    if entry.closed:  # a newer run of this actor took its place
+                        raise RunSuperseded()
                     unrolls, frames, returns, lengths = impala_codec.decode_unrolls(
                         message, self.fields, self.length, self.initial_only, entry.num_envs,
                         num_actions=self.spec.num_actions,
                     )
                     self.check_versions(unrolls[BEHAVIOUR_VERSION])
                     try:
-                        if not queue.try_put(unrolls):
-                            # Full: this stream waits (and so does its actor) for training.
-                            await asyncio.get_running_loop().run_in_executor(None, queue.put, unrolls)
+                        # Full: this stream waits (and so does its actor) for training.
+                        if not await put_when_room(queue, unrolls, give_up=lambda: entry.closed):
+                            raise RunSuperseded()
                     except QueueClosed:
                         raise ServerClosing() from None
                     table.book_episodes(frames, returns, lengths)

@@ -1,0 +1,42 @@
+"""The run's records of its scalars, fed together: TensorBoard, curves.csv /
+curves.png (`seedq.learner.curves`) and, with `--wandb.project`, Weights &
+Biases (`seedq.learner.wandb_sink`). Process 0 of a run alone keeps them."""
+
+from __future__ import annotations
+
+
+class RunRecords:
+    """Passes every call on to each of its sinks, in order."""
+
+    def __init__(self, sinks: list):
+        self.sinks = list(sinks)
+
+    def tick(self, tick) -> None:
+        for sink in self.sinks:
+            sink.tick(tick)
+
+    def evaluation(self, result: dict, step: int) -> None:
+        for sink in self.sinks:
+            sink.evaluation(result, step)
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            sink.flush()
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def run_records(config, tensorboard, *, resumed_frames: int | None) -> RunRecords:
+    """`tensorboard` (a TensorBoardSink) plus curves and, when configured, W&B.
+    `resumed_frames`: the checkpoint's frames of a resumed run, else None."""
+    from seedq.learner.curves import CurvesSink
+
+    sinks = [tensorboard, CurvesSink(config.logdir, resumed_frames=resumed_frames)]
+    wandb = getattr(config, "wandb", None)
+    if wandb is not None and wandb.project:
+        from seedq.learner.wandb_sink import WandbSink
+
+        sinks.append(WandbSink(config))
+    return RunRecords(sinks)

@@ -1,0 +1,260 @@
+"""The Python API (`seedq.train`, `seedq.load_policy`, `seedq.evaluate`) and
+`seedq export`: resolution like the command, policies that act as the run's
+own, exports that load without seedq."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import seedq
+from seedq import api, cli
+from seedq.policy import Policy, PolicyInfo
+from seedq.schema import EnvSpec
+
+# A CartPole budget that trains in well under a minute here and leaves a policy
+# whose actions are not all one action (the export checks compare real choices).
+FRAMES = 20000
+
+
+def _resolved(argv):
+    args = cli.build_parser().parse_args(["train", *argv])
+    config, _ = cli.run_config(args)
+    return config
+
+
+@pytest.mark.e2e
+def test_import_seedq_stays_free_of_jax():
+    code = "import sys, seedq; assert 'jax' not in sys.modules; print(sorted(seedq.__all__))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "load_policy" in result.stdout and "train" in result.stdout
+
+
+@pytest.mark.unit
+def test_keyword_arguments_resolve_as_the_command_line_does():
+    args = api.train_args(None, {"env": "Pendulum-v1", "max_seconds": 120, "vtrace": {"learning_rate": 3e-4},
+                                 "target_return": None})
+    config, resume = cli.run_config(args)
+    assert resume is None
+    assert config == _resolved(["--env", "Pendulum-v1", "--max-seconds", "120",
+                                "--vtrace.learning-rate", "3e-4", "--target-return", "none"])
+    assert config.vtrace.learning_rate == 3e-4 and config.target_return is None
+
+
+@pytest.mark.unit
+def test_env_dependent_defaults_apply_to_keyword_arguments():
+    config, _ = cli.run_config(api.train_args(None, {"env": "CartPole-v1"}))
+    assert config.target_return == 475.0  # CartPole's registered threshold, as `seedq train --env CartPole-v1`
+    assert config == _resolved(["--env", "CartPole-v1"])
+
+
+@pytest.mark.unit
+def test_a_config_object_resolves_to_itself(tmp_path):
+    base = _resolved(["--env", "Acrobot-v1", "--num-actors", "3", "--logdir", str(tmp_path)])
+    config, _ = cli.run_config(api.train_args(base, {"seed": 7}))
+    assert config.num_actors == 3 and config.seed == 7 and config.env == "Acrobot-v1"
+
+
+@pytest.mark.unit
+def test_unknown_fields_and_bad_values_are_one_line_errors():
+    with pytest.raises(ValueError, match="num_actor: not a config field.*num_actors"):
+        api.train_args(None, {"num_actor": 2})
+    with pytest.raises(ValueError, match="num-actors.*'two'"):
+        api.train_args(None, {"num_actors": "two"})
+    with pytest.raises(ValueError, match="vtrace.learning_rat: not a config field"):
+        api.train_args(None, {"vtrace": {"learning_rat": 1e-3}})
+
+
+class _Recorder:
+    """A backend that returns, per env, how many steps it has seen since its episode start."""
+
+    stochastic = False
+
+    def initial_state(self, n):
+        return {"t": np.zeros(n, np.int64)}
+
+    def act(self, obs, first, state, deterministic):
+        t = np.where(first, 0, state["t"] + 1)
+        return t.astype(np.int32), {"t": t}
+
+
+def _recording_policy():
+    spec = EnvSpec(obs_dtype="float32", obs_shape=(4,), num_actions=2)
+    return Policy(_Recorder(), PolicyInfo("CartPole-v1", None, spec, "test", "fp32"))
+
+
+@pytest.mark.unit
+def test_predict_takes_one_observation_or_a_batch_and_keeps_state_per_env():
+    policy = _recording_policy()
+    assert policy.predict(np.zeros(4)).shape == ()
+    assert int(policy.predict(np.zeros(4))) == 1
+    policy.predict(np.zeros((3, 4)))  # a new batch size starts every env afresh
+    np.testing.assert_array_equal(policy.predict(np.zeros((3, 4))), [1, 1, 1])
+    policy.reset([1])
+    np.testing.assert_array_equal(policy.predict(np.zeros((3, 4))), [2, 0, 2])
+    policy.reset(np.array([True, False, False]))
+    np.testing.assert_array_equal(policy.predict(np.zeros((3, 4))), [0, 1, 3])
+    policy.reset()
+    np.testing.assert_array_equal(policy.predict(np.zeros((3, 4))), [0, 0, 0])
+
+
+@pytest.mark.unit
+def test_predict_refuses_other_shapes_and_sampling_where_it_cannot():
+    policy = _recording_policy()
+    with pytest.raises(ValueError, match=r"shape \[5\]: this policy takes \[4\]"):
+        policy.predict(np.zeros(5))
+    with pytest.raises(ValueError, match="greedily only"):
+        policy.predict(np.zeros(4), deterministic=False)
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """The README's example on a frame budget, trained from a thread that is not the main one."""
+    logdir = str(tmp_path_factory.mktemp("api") / "run")
+    result = {}
+
+    def train():
+        try:
+            result["run"] = seedq.train(env="CartPole-v1", max_frames=FRAMES, target_return=None,
+                                        logdir=logdir, quiet=True, log_every_seconds=1.0)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the test's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["run"]
+
+
+@pytest.mark.e2e
+def test_the_readme_example_trains_loads_and_plays(cartpole_run):
+    import gymnasium as gym
+
+    run = cartpole_run
+    assert run.summary["frames"] >= FRAMES and run.summary["stop_reason"] == "max_frames"
+    assert os.path.isfile(os.path.join(run.logdir, "curves.png"))
+    curves = run.curves
+    assert curves["frames"][-1] >= FRAMES and np.all(np.diff(curves["frames"]) >= 0)
+    policy = seedq.load_policy(run.logdir)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    total, done = 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(int(policy.predict(obs)))
+        total += reward
+        done = terminated or truncated
+    assert total >= 1
+    # The run's own end-of-run evaluation, reproduced through the API.
+    result = api.evaluate(policy, episodes=run.summary["eval"]["episodes"], seed=run.summary["eval"]["seed"])
+    assert result.returns == run.summary["eval"]["returns"]
+
+
+def _recorded_observations(policy, n=1000):
+    env = policy.make_env()
+    obs, _ = env.reset(seed=123)
+    rng, recorded = np.random.default_rng(0), []
+    while len(recorded) < n:
+        recorded.append(np.asarray(obs))
+        action = policy.predict(obs) if rng.random() < 0.7 else env.action_space.sample()
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset()
+            policy.reset()
+    return np.stack(recorded)
+
+
+@pytest.mark.e2e
+def test_a_stablehlo_export_acts_as_the_run_and_loads_with_jax_alone(cartpole_run, tmp_path):
+    from seedq import export
+
+    own = seedq.load_policy(cartpole_run.logdir)
+    observations = _recorded_observations(own)
+    own.reset()
+    actions = own.predict(observations)
+    assert len(np.unique(actions)) == 2
+    out = tmp_path / "stablehlo"
+    meta = export.export(cartpole_run.logdir, str(out), format="stablehlo")
+    assert list(meta["spec"]["obs_shape"]) == [4] and meta["inputs"] == ["obs"]
+    np.testing.assert_array_equal(seedq.load_policy(out).predict(observations), actions)
+    np.save(tmp_path / "obs.npy", observations)
+    # No seedq in the loading process: every `import seedq` fails there.
+    code = (
+        "import sys; sys.modules['seedq'] = None\n"
+        "import jax, numpy as np\n"
+        f"exported = jax.export.deserialize(bytearray(open({str(out / 'policy.stablehlo')!r}, 'rb').read()))\n"
+        f"print(np.asarray(exported.call(np.load({str(tmp_path / 'obs.npy')!r}))).tolist())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == actions.tolist()
+
+
+@pytest.mark.e2e
+def test_an_onnx_export_acts_as_the_run_and_loads_with_onnxruntime_alone(cartpole_run, tmp_path):
+    pytest.importorskip("jax2onnx")
+    pytest.importorskip("onnxruntime")
+    from seedq import export
+
+    own = seedq.load_policy(cartpole_run.logdir)
+    observations = _recorded_observations(own)
+    own.reset()
+    actions = own.predict(observations)
+    out = tmp_path / "onnx"
+    export.export(cartpole_run.logdir, str(out), format="onnx")
+    assert sorted(os.listdir(out)) == ["policy.json", "policy.onnx"]
+    np.testing.assert_array_equal(seedq.load_policy(out).predict(observations), actions)
+    np.save(tmp_path / "obs.npy", observations)
+    code = (
+        "import sys; sys.modules['seedq'] = None; sys.modules['jax'] = None\n"
+        "import numpy as np, onnxruntime as ort\n"
+        f"session = ort.InferenceSession({str(out / 'policy.onnx')!r})\n"
+        f"print(session.run(None, {{'obs': np.load({str(tmp_path / 'obs.npy')!r})}})[0].tolist())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == actions.tolist()
+
+
+@pytest.mark.unit
+def test_export_refuses_a_bad_format_or_a_used_directory(tmp_path):
+    from seedq import export
+
+    with pytest.raises(ValueError, match="--format tflite"):
+        export.export(str(tmp_path), str(tmp_path / "out"), format="tflite")
+    with pytest.raises(ValueError, match="onnx --precision int8"):
+        export.export(str(tmp_path), str(tmp_path / "out"), format="onnx", precision="int8")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x").write_text("")
+    with pytest.raises(ValueError, match="not empty"):
+        export.export(str(tmp_path), str(tmp_path / "out"))
+
+
+def _readme_example() -> str:
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Python API"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.e2e
+def test_the_readme_example_runs_as_written_on_a_frame_budget(tmp_path):
+    code = _readme_example()
+    assert "max_seconds=120" in code
+    code = code.replace("max_seconds=120", f"max_frames={FRAMES}, target_return=None")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mean = float(result.stdout.strip().splitlines()[-1].split()[-1])
+    assert 8 <= mean <= 500  # CartPole's returns; what 20k frames reach is the learning tier's business
+    assert (tmp_path / "runs" / "api" / "curves.csv").is_file()

@@ -1,0 +1,121 @@
+"""Bounds a connected peer cannot pass: the learner's total env-slot budget
+(server.max_envs), the length of the ids it logs and keys on."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+
+import grpc
+import numpy as np
+import pytest
+
+from seedq import schema
+from seedq.config import ServerConfig, TrainConfig, VTraceConfig
+from seedq.server.env_table import EnvTable, EpisodeLog, SlotBudgetExhausted, auto_max_envs
+from seedq.v1 import seed_pb2_grpc
+from seedq.wire import codec
+
+CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
+
+
+@pytest.mark.unit
+def test_the_slot_budget_counts_every_actor_and_frees_with_them():
+    table = EnvTable(EpisodeLog(), max_envs=64)
+    first, _ = table.connect("a", "r1", 40)
+    with pytest.raises(SlotBudgetExhausted, match="40 of this learner's 64 env slots .* asks for 32"):
+        table.connect("b", "r1", 32)
+    second, _ = table.connect("b", "r1", 24)
+    # A restart of the same actor counts its old block as free.
+    restarted, superseded = table.connect("a", "r2", 40)
+    assert superseded is first and first.closed
+    table.release(second)
+    table.connect("c", "r1", 24)
+    assert table.num_slots <= 64  # every per-slot array stays within the budget
+
+
+@pytest.mark.unit
+def test_scattered_free_blocks_never_take_slots_past_the_budget():
+    table = EnvTable(EpisodeLog(), max_envs=8)
+    entries = [table.connect(str(i), "r", 2)[0] for i in range(4)]
+    table.release(entries[0])
+    table.release(entries[2])  # 4 slots free, in two blocks of 2
+    with pytest.raises(SlotBudgetExhausted, match="no free block of 4"):
+        table.connect("wide", "r", 4)
+    assert table.num_slots == 8
+    table.release(entries[3])  # the top block joins the free block below it
+    assert table.connect("wide", "r", 4)[0].first_slot == 4
+
+
+@pytest.mark.unit
+def test_the_automatic_budget_follows_memory_within_its_bounds():
+    atari_r2d2 = 80 * 84 * 84 * 4  # one slot's unroll of stacked 84x84 frames, ~2.3 MB
+    assert auto_max_envs(atari_r2d2, memory=64 << 30) == int(0.25 * (64 << 30) / (2 * atari_r2d2))
+    assert auto_max_envs(atari_r2d2, memory=1 << 30) == 1024  # the floor: launch defaults still fit
+    assert auto_max_envs(16 * 20, memory=64 << 30) == 1 << 16  # the ceiling
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("actor_id, run_id, field, words", [
+    ("a" * 129, "r", "handshake.actor_id", "129 characters, at most 128"),
+    ("a", "r" * 10_000, "handshake.run_id", "10000 characters"),
+    ("a\nseedq.server: forged log line", "r", "handshake.actor_id", "printable"),
+    ("", "r", "handshake.actor_id", "must not be empty"),
+])
+def test_ids_are_bounded_and_printable(actor_id, run_id, field, words):
+    message = codec.encode_handshake(CARTPOLE, actor_id=actor_id, run_id=run_id, num_envs=1)
+    with pytest.raises(codec.ProtocolError) as refused:
+        codec.decode_handshake(message)
+    assert field in str(refused.value) and words in str(refused.value)
+
+
+class RawStream:
+    """A seedq.v1 Stream that sends exactly what it is told."""
+
+    def __init__(self, address):
+        self._requests = queue.Queue()
+        self.channel = grpc.insecure_channel(address)
+        self.call = seed_pb2_grpc.LearnerStub(self.channel).Stream(iter(self._requests.get, None), timeout=60)
+
+    def handshake(self, actor_id, num_envs):
+        self._requests.put(codec.encode_handshake(CARTPOLE, actor_id=actor_id, run_id="run", num_envs=num_envs))
+        return next(self.call)
+
+    def step(self, num_envs):
+        zeros = np.zeros(num_envs)
+        self._requests.put(codec.encode_steps(np.arange(num_envs), zeros, zeros, zeros,
+                                              np.zeros((num_envs, 4), np.float32)))
+        return codec.decode_actions(next(self.call), CARTPOLE, num_envs)
+
+    def close(self):
+        self._requests.put(None)
+        self.channel.close()
+
+
+@pytest.mark.e2e
+def test_a_handshake_past_max_envs_is_refused_while_the_first_stream_is_served(tmp_path):
+    from seedq.learner.learner import Learner
+
+    config = dataclasses.replace(
+        TrainConfig(), env="CartPole-v1",
+        vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4),
+        server=dataclasses.replace(ServerConfig(), max_envs=64),
+    )
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    address = learner.start(train=False)
+    first, second = RawStream(address), RawStream(address)
+    try:
+        first.handshake("first", 40)
+        assert first.step(40).shape == (40,)
+        with pytest.raises(grpc.RpcError) as refused:
+            second.handshake("second", 32)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = refused.value.details()
+        assert details.startswith(codec.SLOT_BUDGET_MARKER) and "server.max_envs" in details and "64" in details
+        for _ in range(3):  # the first stream is still open and served
+            assert first.step(40).shape == (40,)
+        assert learner.table.num_connected == 1
+    finally:
+        first.close()
+        second.close()
+        learner.stop()

@@ -1,0 +1,96 @@
+"""curves.csv / curves.png of a run, and `seedq plot`'s overlay of runs."""
+
+from __future__ import annotations
+
+import csv
+import types
+
+import pytest
+
+from seedq.learner import curves
+from seedq.learner.records import RunRecords
+
+
+def _tick(frames, ret, loss=None, seconds=1.0):
+    stats = types.SimpleNamespace(frames=frames, episodes=frames // 20, train_steps=frames // 640,
+                                  mean_return=ret, mean_length=ret)
+    metrics = {} if loss is None else {"loss/total": loss, "policy/entropy": 0.5}
+    return types.SimpleNamespace(stats=stats, metrics=metrics, elapsed_seconds=seconds)
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.unit
+def test_a_row_per_tick_keyed_by_frames_with_wall_time_apart(tmp_path):
+    sink = curves.CurvesSink(str(tmp_path))
+    sink.tick(_tick(1000, None, seconds=0.5))
+    sink.tick(_tick(2000, 20.0, loss=0.25, seconds=1.25))
+    sink.close()
+    rows = _rows(tmp_path / "curves.csv")
+    assert list(rows[0]) == list(curves.COLUMNS)
+    assert [r["frames"] for r in rows] == ["1000", "2000"]
+    assert rows[0]["return"] == "" and rows[0]["loss"] == ""
+    assert rows[1]["return"] == "20" and rows[1]["loss"] == "0.25" and rows[1]["entropy"] == "0.5"
+    assert [r["wall_seconds"] for r in rows] == ["0.5", "1.25"]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+@pytest.mark.unit
+def test_a_resumed_run_keeps_the_rows_up_to_its_checkpoint(tmp_path):
+    sink = curves.CurvesSink(str(tmp_path))
+    for frames in (1000, 2000, 3000):
+        sink.tick(_tick(frames, 10.0))
+    sink.close()
+    resumed = curves.CurvesSink(str(tmp_path), resumed_frames=2000)
+    resumed.tick(_tick(2500, 12.0))
+    resumed.close()
+    assert [r["frames"] for r in _rows(tmp_path / "curves.csv")] == ["1000", "2000", "2500"]
+    fresh = curves.CurvesSink(str(tmp_path))  # a fresh run in the directory starts the file anew
+    fresh.close()
+    assert _rows(tmp_path / "curves.csv") == []
+
+
+@pytest.mark.unit
+def test_plot_overlays_runs_and_names_a_directory_without_curves(tmp_path):
+    for name, ret in (("a", 10.0), ("b", 30.0)):
+        (tmp_path / name).mkdir()
+        sink = curves.CurvesSink(str(tmp_path / name))
+        sink.tick(_tick(1000, ret))
+        sink.tick(_tick(2000, ret + 5))
+        sink.close()
+    out = curves.plot_runs([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "both.png"))
+    assert out.endswith("both.png") and (tmp_path / "both.png").stat().st_size > 0
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no curves.csv"):
+        curves.plot_runs([str(tmp_path / "a"), str(tmp_path / "empty")], str(tmp_path / "x.png"))
+
+
+@pytest.mark.unit
+def test_records_pass_every_call_to_every_sink():
+    calls = []
+
+    class Sink:
+        def __init__(self, name):
+            self.name = name
+
+        def tick(self, tick):
+            calls.append((self.name, "tick"))
+
+        def evaluation(self, result, step):
+            calls.append((self.name, "evaluation", step))
+
+        def flush(self):
+            calls.append((self.name, "flush"))
+
+        def close(self):
+            calls.append((self.name, "close"))
+
+    records = RunRecords([Sink("tb"), Sink("csv")])
+    records.tick(None)
+    records.evaluation({}, 7)
+    records.close()
+    assert calls == [("tb", "tick"), ("csv", "tick"), ("tb", "evaluation", 7), ("csv", "evaluation", 7),
+                     ("tb", "close"), ("csv", "close")]
