@@ -138,18 +138,17 @@ def train(config=None, *, quiet: bool = False, **overrides: Any) -> Run:
 
     args = train_args(config, overrides)
     try:
-        run_config, resume = cli.run_config(args)
-        run_config.validate()
+        prepared, resume = cli.run_config(args)  # resolved and validated once, with the env spec
     except FileNotFoundError as e:
         raise ValueError(e.args[0]) from None
-    if distributed.needs_supervisor(run_config.distributed):
+    if distributed.needs_supervisor(prepared.config.distributed):
         raise ValueError("a multi-host learner group runs from the command line (seedq train), not seedq.train")
     from seedq import local
 
-    summary = local.train(run_config, quiet=quiet, started=started, with_actors=True, resume=resume)
+    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume)
     if summary.get("stop_reason") == "terminated" and "frames" not in summary:
         raise RuntimeError("the run was stopped before it started")
-    return Run(run_config.logdir, summary)
+    return Run(prepared.config.logdir, summary)
 
 
 def evaluate(policy_or_path, env: str | None = None, episodes: int = 10, *, seed: int = 0,

@@ -25,8 +25,8 @@ FRAMES = 20000
 
 def _resolved(argv):
     args = cli.build_parser().parse_args(["train", *argv])
-    config, _ = cli.run_config(args)
-    return config
+    prepared, _ = cli.run_config(args)
+    return prepared.config
 
 
 @pytest.mark.e2e
@@ -41,7 +41,8 @@ def test_import_seedq_stays_free_of_jax():
 def test_keyword_arguments_resolve_as_the_command_line_does():
     args = api.train_args(None, {"env": "Pendulum-v1", "max_seconds": 120, "vtrace": {"learning_rate": 3e-4},
                                  "target_return": None})
-    config, resume = cli.run_config(args)
+    prepared, resume = cli.run_config(args)
+    config = prepared.config
     assert resume is None
     assert config == _resolved(["--env", "Pendulum-v1", "--max-seconds", "120",
                                 "--vtrace.learning-rate", "3e-4", "--target-return", "none"])
@@ -50,7 +51,8 @@ def test_keyword_arguments_resolve_as_the_command_line_does():
 
 @pytest.mark.unit
 def test_env_dependent_defaults_apply_to_keyword_arguments():
-    config, _ = cli.run_config(api.train_args(None, {"env": "CartPole-v1"}))
+    prepared, _ = cli.run_config(api.train_args(None, {"env": "CartPole-v1"}))
+    config = prepared.config
     assert config.target_return == 475.0  # CartPole's registered threshold, as `seedq train --env CartPole-v1`
     assert config == _resolved(["--env", "CartPole-v1"])
 
@@ -58,7 +60,8 @@ def test_env_dependent_defaults_apply_to_keyword_arguments():
 @pytest.mark.unit
 def test_a_config_object_resolves_to_itself(tmp_path):
     base = _resolved(["--env", "Acrobot-v1", "--num-actors", "3", "--logdir", str(tmp_path)])
-    config, _ = cli.run_config(api.train_args(base, {"seed": 7}))
+    prepared, _ = cli.run_config(api.train_args(base, {"seed": 7}))
+    config = prepared.config
     assert config.num_actors == 3 and config.seed == 7 and config.env == "Acrobot-v1"
 
 
