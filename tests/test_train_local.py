@@ -263,8 +263,22 @@ def test_a_config_json_written_by_the_commit_before_resumes_and_is_saved_in_this
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "max_frames"
     after = json.loads((run / "config.json").read_text())
     assert after.pop("layout_version") == config_lib.LAYOUT_VERSION
-    changed = {k for k in before if before[k] != after[k]}
+    # Every field the old file held keeps its value but the flags given (fields
+    # added since take their defaults).
+    flat_before, flat_after = _flat(before), _flat(after)
+    changed = {k for k in flat_before if flat_before[k] != flat_after.get(k)}
     assert changed == {"max_frames", "num_actors", "envs_per_actor", "eval_episodes"}, changed
     # The checkpoint written by the resumed run records the layout too.
     meta, _ = checkpoint.read_meta(str(run))
     assert meta["config"]["layout_version"] == config_lib.LAYOUT_VERSION
+
+
+def _flat(fields: dict, prefix: str = "") -> dict:
+    """{"section.field": value} of a (nested) config dict."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out

@@ -37,17 +37,18 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seedq import evaluate
+    # The module by its full name: `seedq.evaluate` is also the API's function (seedq/__init__.py).
+    from seedq.evaluate import evaluate, load_policy, record_video
 
     try:
-        loaded = evaluate.load_policy(
+        loaded = load_policy(
             args.path, env=args.env, precision=args.precision, greedy=not args.sample
         )
         config = loaded.config
         episodes = args.episodes if args.episodes is not None else (config.eval_episodes or 10)
         seed = args.seed if args.seed is not None else config.eval_seed
-        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
-        video = evaluate.record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
+        result = evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
+        video = record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
     except (ValueError, OSError, RuntimeError) as e:
         print(f"seedq eval: {e}", file=sys.stderr)
         return 1
