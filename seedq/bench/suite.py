@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from seedq import config as config_lib
 from seedq.bench import compare
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json
@@ -86,6 +87,10 @@ def why_not_resumable(config: TrainConfig) -> str | None:
     saved = read_json(os.path.join(config.logdir, "config.json"))
     if saved is None:
         return "left no config.json"
+    try:
+        saved = config_lib.migrated(saved)  # as this code reads it (seedq.config.layout)
+    except ValueError as e:
+        return f"left a config.json this seedq cannot read ({e})"
     changed = changed_settings(saved, json.loads(json.dumps(to_dict(config))))  # JSON has no tuples
     if changed:
         shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")

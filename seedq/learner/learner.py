@@ -490,7 +490,7 @@ class Learner:
             },
             episode_window={"returns": returns, "lengths": lengths},
             target=target,
-            config=config_lib.to_dict(self.config),
+            config=config_lib.saved_dict(self.config),
             replay=self.replay_checkpoint(),
         )
 
