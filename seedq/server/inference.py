@@ -42,6 +42,7 @@ from seedq.schema import EnvSpec
 from seedq.server.batching import GREEDY, BatchingRule
 from seedq.server.env_table import ActorEntry, EnvTable
 from seedq.server.unrolls import QueueClosed, UnrollQueue
+from seedq.wire import codec
 from seedq.wire.codec import Steps
 
 log = logging.getLogger("seedq.server")
@@ -63,6 +64,15 @@ class ServerClosing(Exception):
 
 class RunSuperseded(Exception):
     """The actor reconnected with a new run id while this request waited."""
+
+
+class LearnerFailed(ServerClosing):
+    """Inference failed: the learner stops (summary.json names `cause`); every
+    stream ends with UNAVAILABLE saying so, and actors reconnect to its restart."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{codec.LEARNER_FAILED_MARKER} ({type(cause).__name__}: {cause}) and is stopping")
+        self.cause = cause
 
 
 @dataclasses.dataclass
@@ -144,6 +154,9 @@ class InferenceServer:
         # only ones the next batch waits for (never longer than the timeout).
         self._awaited: set[ActorEntry] = set()
         self._closing = False
+        # The error that failed an inference batch: the learner stops on it
+        # (`Learner.stats().error`), as on a failed train step.
+        self.failure: BaseException | None = None
         self._has_work: asyncio.Event | None = None
         self._compiled: set[int] = set()
         # The answered batch whose step is not in the unroll store yet, and
@@ -202,18 +215,21 @@ class InferenceServer:
             self.core.drop(slots)
 
     def close(self) -> None:
-        """Fails every waiting and future request with ServerClosing."""
+        """Fails every waiting and future request with ServerClosing (LearnerFailed after a failure)."""
         self._closing = True
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
-                request.future.set_exception(ServerClosing())
+                request.future.set_exception(self._closing_error())
         self._pending_steps = 0
+
+    def _closing_error(self) -> ServerClosing:
+        return LearnerFailed(self.failure) if self.failure is not None else ServerClosing()
 
     async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
         """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""
         if self._closing:
-            raise ServerClosing()
+            raise self._closing_error()
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(entry, steps, future))
         self._pending_steps += len(steps)
@@ -283,10 +299,14 @@ class InferenceServer:
         try:
             actions, version, pending = self._infer(batch, greedy)
         except Exception as e:  # never leave a stream hanging on a bad batch
-            log.exception("inference failed")
+            # A failure here (a device error, a learner bug) would fail every
+            # batch after it too: the learner stops rather than idling on.
+            log.exception("inference failed; the learner stops")
+            self.failure = e
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(e)
+                    request.future.set_exception(LearnerFailed(e))
+            self.close()
             return
         self.stats.latencies.record(time.perf_counter() - started)
         offset = 0
