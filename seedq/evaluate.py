@@ -25,7 +25,7 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq.config import EnvOptions, TrainConfig
-from seedq.acting.core import ActingCore, EpisodeTracker, StepResult
+from seedq.rollout.core import ActingCore, EpisodeTracker, StepResult
 from seedq.agents import make_agent
 from seedq.envs import env_spec, make_env, make_vector_env, random_actions
 from seedq import checkpoint
@@ -80,7 +80,7 @@ class EvalResult:
 
 class Policy:
     """Inference parameters acting in-process through the acting core
-    (`seedq.acting.core`): the agent at the precision of `precision` (a
+    (`seedq.rollout.core`): the agent at the precision of `precision` (a
     `seedq.quant.mode.InferencePrecision`), on `params` published at it.
     Greedy actions are the agent's `greedy_actions`."""
 

@@ -5,7 +5,8 @@ env id and options that preprocess observations, the state the program
 carries, the precision) and the program itself, greedy actions only:
 
 * `policy.stablehlo`: a serialised `jax.export` program; it loads with JAX
-  alone: `jax.export.deserialize(bytearray(data)).call(obs)`;
+  alone (plus flatbuffers, which JAX's deserialiser imports):
+  `jax.export.deserialize(bytearray(data)).call(obs)`;
 * `policy.onnx`: one ONNX model (converted by jax2onnx); it loads with
   onnxruntime alone: `session.run(None, {"obs": obs})[0]`.
 
@@ -101,8 +102,8 @@ def _write_onnx(program, specs, names, path: str) -> None:
         from jax2onnx import to_onnx
     except ImportError:
         raise ValueError(
-            "--format onnx needs the jax2onnx converter: pip install jax2onnx "
-            "(Python >= 3.11; it asks for orbax-checkpoint < 0.11.37)"
+            "--format onnx needs the jax2onnx converter (Python >= 3.11): pip install 'seedq[export]' "
+            "&& pip install --no-deps jax2onnx (its own dependencies would downgrade orbax-checkpoint)"
         ) from None
     input_names = ["obs"] if not names else ["obs", "first", *names]
     output_names = ["actions"] if not names else ["actions", *names]
@@ -151,6 +152,11 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
         raise ValueError(f"--format {format}: choose one of {', '.join(FORMATS)}")
     if precision not in EXPORT_PRECISIONS:
         raise ValueError(f"--precision {precision}: choose one of {', '.join(EXPORT_PRECISIONS)}")
+    if format == "onnx" and precision == "int8":
+        # jax2onnx writes int8 x int8 -> int32 matmuls as Gemm, which onnxruntime refuses
+        # for int8 inputs (its integer matmul is MatMulInteger).
+        raise ValueError("--format onnx --precision int8: onnxruntime cannot run jax2onnx's int8 matmuls; "
+                         "export int8 as stablehlo, or fp32 to ONNX (onnxruntime's quantizer makes int8 of it)")
     if os.path.exists(out) and os.listdir(out):
         raise ValueError(f"--out {out}: exists and is not empty")
     import jax

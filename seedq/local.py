@@ -151,35 +151,14 @@ def train(
     run = run if isinstance(run, PreparedRun) else prepare(run)
     config, spec = run.config, run.spec
     group = distributed.initialize(config.distributed)
-    if group.multi and config.architecture == "impala":
-        raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
-                         "the multi-host learner serves SEED actors")
-    if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
-        # Each process has its own replay; orbax would keep only process 0's.
-        config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
+    config = _for_group(config, group)
     address = config.address or default_address()
-    channel.check_exposure(config, address)
-    # Unreadable credential files fail here, in one line, before JAX starts.
-    channel.server_credentials(config.tls)
-    channel.server_interceptors(config.auth)
-    if with_actors and config.tls.enabled:
-        raise ValueError(
-            "tls.* is for `seedq learner` with actors given the CA (`seedq actor --tls.ca`); "
-            "`seedq train`'s local actors dial without TLS (use --auth.token-file on a TCP address)"
-        )
+    _check_channel(config, address, with_actors)
     # A bad env id, an observation or action space the agent cannot take, fail
     # here (one line), before any process starts.
     agent = make_agent(config, spec)
     if resume is not None:
-        # A missing or incompatible checkpoint fails here, before any process starts.
-        import jax
-
-        checkpoint.check_compatible(
-            resume,
-            jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),
-            jax.eval_shape(lambda: jax.random.PRNGKey(0)),
-            env=config.env,
-        )
+        _check_resumable(resume, agent, config.env)
     if group.multi:
         _check_one_resume(group, resume)
     if group.is_leader:
@@ -206,23 +185,7 @@ def train(
         learner = Learner(config, address, group, spec=spec, agent=agent)
         resumed = resumed_from = None
         if resume is not None:
-            resumed, resumed_from = checkpoint.restore(
-                resume, learner.state, learner.inference.rng, env=config.env,
-                with_replay=learner.checkpoints_replay,
-            )
-            learner.restore(checkpoint.process_share(resumed, group.index, group.size))
-            if not quiet:
-                c = resumed.counters
-                replay = (
-                    f", {learner.batches.replay.size:,} replay sequences"
-                    if resumed.replay is not None and learner.checkpoints_replay else ""
-                )
-                print(
-                    f"resuming from {resumed_from}: train step {c['train_steps']:,}, "
-                    f"{c['frames']:,} frames, {c['episodes']:,} episodes, "
-                    f"{c['elapsed_seconds']:.1f}s so far{replay}",
-                    flush=True,
-                )
+            resumed, resumed_from = _restore(learner, resume, group, quiet)
         # Saved once the config is known to fit (a bad --resume override leaves it alone).
         if group.is_leader:
             config_lib.save(config, os.path.join(config.logdir, "config.json"))
@@ -257,6 +220,63 @@ def train(
     if summary is None:
         raise RuntimeError("the learner failed to start; see the log above")
     return summary
+
+
+def _for_group(config: TrainConfig, group) -> TrainConfig:
+    """The config as a learner group runs it (ValueError where a group cannot)."""
+    if group.multi and config.architecture == "impala":
+        raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
+                         "the multi-host learner serves SEED actors")
+    if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
+        # Each process has its own replay; orbax would keep only process 0's.
+        config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
+    return config
+
+
+def _check_channel(config: TrainConfig, address: str, with_actors: bool) -> None:
+    """Exposure, credential files and TLS fail here, in one line, before JAX starts."""
+    channel.check_exposure(config, address)
+    channel.server_credentials(config.tls)
+    channel.server_interceptors(config.auth)
+    if with_actors and config.tls.enabled:
+        raise ValueError(
+            "tls.* is for `seedq learner` with actors given the CA (`seedq actor --tls.ca`); "
+            "`seedq train`'s local actors dial without TLS (use --auth.token-file on a TCP address)"
+        )
+
+
+def _check_resumable(resume: str, agent, env: str) -> None:
+    """A missing or incompatible checkpoint fails here, before any process starts."""
+    import jax
+
+    checkpoint.check_compatible(
+        resume,
+        jax.eval_shape(agent.init, jax.ShapeDtypeStruct((2,), jax.numpy.uint32)),
+        jax.eval_shape(lambda: jax.random.PRNGKey(0)),
+        env=env,
+    )
+
+
+def _restore(learner: Learner, resume: str, group, quiet: bool):
+    """Restores `learner` from the checkpoint `resume` names; returns (snapshot, its path)."""
+    resumed, resumed_from = checkpoint.restore(
+        resume, learner.state, learner.inference.rng, env=learner.config.env,
+        with_replay=learner.checkpoints_replay,
+    )
+    learner.restore(checkpoint.process_share(resumed, group.index, group.size))
+    if not quiet:
+        c = resumed.counters
+        replay = (
+            f", {learner.batches.replay.size:,} replay sequences"
+            if resumed.replay is not None and learner.checkpoints_replay else ""
+        )
+        print(
+            f"resuming from {resumed_from}: train step {c['train_steps']:,}, "
+            f"{c['frames']:,} frames, {c['episodes']:,} episodes, "
+            f"{c['elapsed_seconds']:.1f}s so far{replay}",
+            flush=True,
+        )
+    return resumed, resumed_from
 
 
 def _check_one_resume(group, resume: str | None) -> None:

@@ -137,14 +137,14 @@ class EpisodeRunner:
         self.greedy = greedy
 
     def start(self, n: int, seed: int) -> "EpisodeRunner":
-        from seedq.acting.core import EpisodeTracker
+        from seedq.rollout.core import EpisodeTracker
 
         self._slots, self._episodes = np.arange(n), EpisodeTracker(n)
         self.policy._first = None  # a fresh batch of n envs
         return self
 
     def step(self, obs, rewards, terminated, truncated):
-        from seedq.acting.core import StepResult
+        from seedq.rollout.core import StepResult
 
         first, ended, returns, lengths = self._episodes.observe(self._slots, rewards, terminated, truncated)
         if self.policy._first is not None:

@@ -230,7 +230,31 @@ def test_export_refuses_a_bad_format_or_a_used_directory(tmp_path):
 
     with pytest.raises(ValueError, match="--format tflite"):
         export.export(str(tmp_path), str(tmp_path / "out"), format="tflite")
+    with pytest.raises(ValueError, match="onnx --precision int8"):
+        export.export(str(tmp_path), str(tmp_path / "out"), format="onnx", precision="int8")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
     with pytest.raises(ValueError, match="not empty"):
         export.export(str(tmp_path), str(tmp_path / "out"))
+
+
+def _readme_example() -> str:
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Python API"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.e2e
+def test_the_readme_example_runs_as_written_on_a_frame_budget(tmp_path):
+    code = _readme_example()
+    assert "max_seconds=120" in code
+    code = code.replace("max_seconds=120", f"max_frames={FRAMES}, target_return=None")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mean = float(result.stdout.strip().splitlines()[-1].split()[-1])
+    assert 8 <= mean <= 500  # CartPole's returns; what 20k frames reach is the learning tier's business
+    assert (tmp_path / "runs" / "api" / "curves.csv").is_file()

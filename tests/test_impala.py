@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from seedq.actor.impala_actor import UnrollBuilder
+from seedq.impala.actor import UnrollBuilder
 from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.quant.mode import InferencePrecision
@@ -28,7 +28,8 @@ from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.v1 import seed_pb2, seed_pb2_grpc
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 from seedq import schema
 from serving import serve
 
@@ -428,7 +429,7 @@ def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
     """The actor's vector env clips actions, so its own spec has unbounded Box
     actions; its local network must still squash the Gaussian's mean into the
     env's bounds exactly as the learner's network does."""
-    from seedq.actor.impala_actor import acting_for
+    from seedq.impala.actor import acting_for
     from seedq.config import defaults_for
     from seedq.envs import env_spec, make_vector_env
 

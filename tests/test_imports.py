@@ -63,6 +63,13 @@ def test_leaf_modules_import_nothing_of_seedq_that_imports_them_back():
     assert GRAPH.find_modules_directly_imported_by("seedq.flags") <= {"seedq.config", "seedq.envs"}
 
 
+@pytest.mark.unit
+def test_the_networks_own_their_input_hooks_and_quant_registers_into_them():
+    agents_import = GRAPH.find_upstream_modules("seedq.agents", as_package=True)
+    assert not [m for m in agents_import if m.startswith("seedq.quant")]
+    assert "seedq.agents.inputs" in GRAPH.find_upstream_modules("seedq.quant", as_package=True)
+
+
 # Imports each module named on the command line in a process of its own: a fork
 # of a parent that has loaded the third-party libraries seedq builds on but no
 # seedq module, so every child imports exactly one seedq module first (what

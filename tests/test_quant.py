@@ -24,7 +24,8 @@ from jax import lax
 
 from seedq import config as config_lib
 from seedq import quant
-from seedq.quant import layers as qlayers
+from seedq.agents import inputs
+from seedq.quant import conv_choice, int8_conv
 from seedq.quant import plan as qplan
 from seedq.quant import quantize as qz
 
@@ -33,6 +34,11 @@ RNG = np.random.default_rng(1234)
 # bit-identical integer results (tested below), and the "auto" timing would
 # only add seconds here.
 CONV = "native"
+
+
+def dequantized(q, scale) -> np.ndarray:
+    """The float values int8 `q` [..., O] with per-output-channel `scale` [O] stand for."""
+    return np.asarray(q).astype(np.float32) * np.asarray(scale, np.float32)
 
 
 BATCH = 50  # one batch size everywhere, so each network compiles once per precision
@@ -131,7 +137,7 @@ def test_per_channel_round_trip_error_is_at_most_half_a_step(shape):
     np.testing.assert_allclose(scale, max_abs / 127, rtol=1e-6)
     # The largest element of every channel maps to +-127: the full range is used.
     assert np.all(np.max(np.abs(q.astype(int)), axis=axes) == 127)
-    err = np.abs(np.asarray(qz.dequantize_per_channel(q, scale)) - w)
+    err = np.abs(dequantized(q, scale) - w)
     bound = scale * (0.5 + 1e-5)
     assert np.all(np.max(err, axis=axes) <= bound), (np.max(err, axis=axes) / scale).max()
 
@@ -146,7 +152,7 @@ def test_zero_constant_and_tiny_channels():
     q, scale = (np.asarray(a) for a in quant.quantize_per_channel(w))
     assert np.all(scale > 0) and np.all(np.isfinite(scale))
     assert scale[0] == 1.0 and np.all(q[:, 0] == 0)  # zero channel: scale 1, exact zeros
-    deq = np.asarray(qz.dequantize_per_channel(q, scale))
+    deq = dequantized(q, scale)
     np.testing.assert_array_equal(deq[:, 0], 0.0)
     np.testing.assert_allclose(deq[:, 1], 0.75, rtol=1e-6)  # constant channels round-trip
     np.testing.assert_allclose(deq[:, 2], w[:, 2], rtol=1e-6)
@@ -229,7 +235,7 @@ def test_published_leaves_have_the_right_shapes_and_dtypes(name):
             g = np.asarray(layer[qz.QINPUT])
             assert g.dtype == np.float32 and g.shape == kernel.shape[-2:-1] and np.all(g > 0)
             # Equalization is exact before rounding: q * scale / g ~= kernel.
-            deq = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
+            deq = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE])
             deq = deq * g.reshape((-1, 1))
             step = np.asarray(layer[qz.QSCALE])[None, :] * g.reshape((-1, 1))
             err = np.abs(deq - np.asarray(kernel)).reshape((-1,) + step.shape)
@@ -274,7 +280,7 @@ def test_unsupported_layers_stay_fp32_and_still_run():
     assert p["_OwnKernel_0"]["kernel"].dtype == jnp.float32
     assert p["Conv_1"][qz.QKERNEL].dtype == jnp.int8 and p["Dense_0"][qz.QKERNEL].dtype == jnp.int8
     ref = jax.jit(net.apply)(params, x)
-    for impl in qlayers.CONV_IMPLS:
+    for impl in int8_conv.CONV_IMPLS:
         out = jax.jit(lambda p, v: quant.apply(net, p, "int8", v, conv_impl=impl))(published, x)
         assert float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref))) < 0.05
 
@@ -307,7 +313,7 @@ def test_int8_conv_implementations_are_exact(h, w, c, o, k, stride, dtype):
         for j in range(k):
             patch = x64[:, i : i + stride * (ho - 1) + 1 : stride, j : j + stride * (wo - 1) + 1 : stride]
             ref += patch @ w64[i, j]
-    for impl, fn in qlayers.CONV_FUNCTIONS.items():
+    for impl, fn in int8_conv.CONV_FUNCTIONS.items():
         out = jax.jit(fn, static_argnums=2)(qx, qw, (stride, stride))
         assert out.dtype == jnp.int32, impl
         np.testing.assert_array_equal(np.asarray(out), ref.astype(np.int64), err_msg=impl)
@@ -324,10 +330,10 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
     g = np.asarray(layer[qz.QINPUT])  # input equalization
     qx, sx = quant.quantize_rows(x * g)
     deq_x = np.asarray(qx, np.float32) * np.asarray(sx)[:, None, None, None]
-    deq_w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]))
+    deq_w = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE])
     ref = lax.conv_general_dilated(deq_x, deq_w, (1, 1), "SAME",
                                    dimension_numbers=("NHWC", "HWIO", "NHWC")) + layer["bias"]
-    for impl in qlayers.CONV_IMPLS:
+    for impl in int8_conv.CONV_IMPLS:
         out = jax.jit(lambda p, v: quant.apply(conv, p, "int8", v, conv_impl=impl))(published, x)
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
 
@@ -339,7 +345,7 @@ def test_uint8_pixels_are_used_exactly():
     class PixelConv(nn.Module):
         @nn.compact
         def __call__(self, obs):
-            return nn.Conv(8, (4, 4), strides=(2, 2), padding="VALID")(qlayers.scale_pixels(obs))
+            return nn.Conv(8, (4, 4), strides=(2, 2), padding="VALID")(inputs.scale_pixels(obs))
 
     net = PixelConv()
     obs = RNG.integers(0, 256, (2, 12, 12, 4), dtype=np.uint8)
@@ -349,20 +355,20 @@ def test_uint8_pixels_are_used_exactly():
     published = jax.jit(lambda p: quant.publish(p, "int8", plan))(params)
     layer = published["params"]["Conv_0"]
     assert qz.QINPUT not in layer
-    w = np.asarray(qz.dequantize_per_channel(layer[qz.QKERNEL], layer[qz.QSCALE]), np.float64)
+    w = dequantized(layer[qz.QKERNEL], layer[qz.QSCALE]).astype(np.float64)
     x = obs.astype(np.float64) / 255.0
     ref = np.zeros((2, 5, 5, 8))
     for i in range(4):
         for j in range(4):
             ref += x[:, i : i + 9 : 2, j : j + 9 : 2] @ w[i, j]
     ref += np.asarray(layer["bias"])
-    for impl in qlayers.CONV_IMPLS:
+    for impl in int8_conv.CONV_IMPLS:
         out = np.asarray(jax.jit(lambda p, v: quant.apply(net, p, "int8", v, conv_impl=impl))(published, obs))
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=impl)
 
 
 class _ScriptedClock:
-    """perf_counter() for `seedq.quant.layers`: each start/stop pair of the one
+    """perf_counter() for `seedq.quant.conv_choice`: each start/stop pair of the one
     timed call per implementation lasts the next scripted number of seconds."""
 
     def __init__(self, durations):
@@ -373,11 +379,11 @@ class _ScriptedClock:
 
 
 def _calibrate_with(monkeypatch, single, interleaved, broken=()):
-    """qlayers._calibrate on a small conv with the one-call timings `single` (impl ->
+    """conv_choice._calibrate on a small conv with the one-call timings `single` (impl ->
     seconds, in CONV_FUNCTIONS order, for those that compile) and the interleaved
     round results `interleaved`; implementations in `broken` fail to compile.
     Returns (choice, the set of implementations that reached the interleaved rounds)."""
-    real_layer = qlayers._conv_layer
+    real_layer = int8_conv.conv_layer
 
     def layer(impl, *args):
         if impl in broken:
@@ -385,17 +391,17 @@ def _calibrate_with(monkeypatch, single, interleaved, broken=()):
         return real_layer(impl, *args)
 
     raced = []
-    monkeypatch.setattr(qlayers, "_conv_layer", layer)
-    monkeypatch.setattr(qlayers, "time", _ScriptedClock([single[i] for i in qlayers.CONV_FUNCTIONS if i not in broken]))
-    monkeypatch.setattr(qlayers, "time_interleaved",
+    monkeypatch.setattr(int8_conv, "conv_layer", layer)
+    monkeypatch.setattr(conv_choice, "time", _ScriptedClock([single[i] for i in int8_conv.CONV_FUNCTIONS if i not in broken]))
+    monkeypatch.setattr(conv_choice, "time_interleaved",
                         lambda fns, *a, **k: raced.append(set(fns)) or {i: interleaved[i] for i in fns})
-    choice = qlayers._calibrate((2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
+    choice = conv_choice._calibrate((2, 9, 9, 16), "float", ((1, 1), (1, 1)), (3, 3, 16, 16), (1, 1))
     return choice, (raced[0] if raced else set())
 
 
 @pytest.mark.unit
 def test_conv_choice_races_the_candidates_within_2x_and_picks_the_fastest_round(monkeypatch):
-    assert set(qlayers.CONV_FUNCTIONS) == {"patches", "native", "s2d"}
+    assert set(int8_conv.CONV_FUNCTIONS) == {"patches", "native", "s2d"}
     # native is > 2x slower than the best single call: dropped before the rounds.
     choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "native": 2.5, "s2d": 1.9},
                                     {"patches": 0.9, "s2d": 0.7})
@@ -413,28 +419,28 @@ def test_conv_choice_skips_implementations_that_fail_and_defaults_when_none_comp
     choice, raced = _calibrate_with(monkeypatch, {"patches": 1.0, "s2d": 3.0}, {}, broken=("native",))
     # One candidate left within 2x: no rounds needed.
     assert raced == set() and choice.impl == "patches" and choice.seconds["native"] is None
-    choice, _ = _calibrate_with(monkeypatch, {}, {}, broken=tuple(qlayers.CONV_FUNCTIONS))
+    choice, _ = _calibrate_with(monkeypatch, {}, {}, broken=tuple(int8_conv.CONV_FUNCTIONS))
     assert (choice.impl, choice.reason) == ("patches", "no implementation compiled")
 
 
 @pytest.mark.unit
 def test_auto_policy_calibrates_each_layer_shape_once_and_computes_what_every_impl_computes(monkeypatch):
     calls = []
-    fixed = {"native": qlayers.ConvChoice("native", {}, "measured")}
-    monkeypatch.setattr(qlayers, "_calibrate", lambda *key: calls.append(key) or fixed["native"])
+    fixed = {"native": conv_choice.ConvChoice("native", {}, "measured")}
+    monkeypatch.setattr(conv_choice, "_calibrate", lambda *key: calls.append(key) or fixed["native"])
     shape = (2, 9, 9, 13)  # a shape no other test calibrates
     args = (np.float32, ((1, 1), (1, 1)), (3, 3, 13, 16), (1, 1))
-    assert qlayers.choose_conv_impl(shape, *args) == "native"
-    assert qlayers.choose_conv_impl(shape, *args) == "native"
+    assert conv_choice.choose_conv_impl(shape, *args) == "native"
+    assert conv_choice.choose_conv_impl(shape, *args) == "native"
     assert len(calls) == 1  # cached per (platform, shapes, strides)
-    assert qlayers.choose_conv_impl(shape, *args, policy="s2d") == "s2d"  # a named policy is not timed
+    assert conv_choice.choose_conv_impl(shape, *args, policy="s2d") == "s2d"  # a named policy is not timed
     assert len(calls) == 1
     # Whatever "auto" picks, the layer's output is bit-identical to each named implementation's.
     conv = nn.Conv(16, (3, 3), padding="SAME")
     x = np.abs(RNG.standard_normal(shape)).astype(np.float32)
     published = jax.jit(lambda p: quant.publish(p, "int8"))(jax.jit(conv.init)(jax.random.PRNGKey(0), x))
     outs = {impl: np.asarray(jax.jit(lambda p, v, impl=impl: quant.apply(conv, p, "int8", v, conv_impl=impl))(
-        published, x)) for impl in ("auto", *qlayers.CONV_IMPLS)}
+        published, x)) for impl in ("auto", *int8_conv.CONV_IMPLS)}
     for impl, out in outs.items():
         np.testing.assert_array_equal(out, outs["auto"], err_msg=impl)
 

@@ -11,8 +11,8 @@ from seedq.agents.vtrace.agent import VTraceAgent
 from seedq.config import VTraceConfig
 from seedq.schema import EnvSpec, StepFieldSpec
 from seedq.server.env_table import EnvTable, EpisodeLog
-from seedq.acting.core import EpisodeTracker
-from seedq.acting.store import UnrollStore
+from seedq.rollout.core import EpisodeTracker
+from seedq.rollout.store import UnrollStore
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire.codec import Steps

@@ -37,7 +37,8 @@ from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 from seedq.server.service import MAX_MESSAGE_BYTES
 from seedq.v1 import seed_pb2, seed_pb2_grpc
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 from seedq.schema import EnvSpec
 from seedq.wire.codec import OutOfOrder, ProtocolError
 

@@ -1,6 +1,6 @@
 """The one small interface through which an agent plugs into the learner.
 
-The acting core (`seedq.acting.core`: the SEED server, IMPALA actors,
+The acting core (`seedq.rollout.core`: the SEED server, IMPALA actors,
 evaluation) calls `act` (batched, jitted, padded) at the inference precision
 (`seedq.quant.mode`: agents only ever see fp32 code), keeps the agent's
 recurrent `core_state` per env, and stores what `act` returns per step in the

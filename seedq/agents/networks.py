@@ -3,9 +3,11 @@
 Every network here is built from plain `nn.Dense` / `nn.Conv` layers (LSTM
 cores from `nn.LSTMCell`, which is itself made of `nn.Dense`), so the
 inference server can run any of them in fp32, bf16 or int8 through the single
-interception mechanism in `seedq.quant.layers` without a hand-written
-quantized copy. Pixel inputs go through `scale_pixels`, which lets the int8
-path use the exact uint8 values instead of re-quantizing them.
+interception mechanism of `seedq.quant` without a hand-written quantized
+copy. Observations enter through the input hooks of `seedq.agents.inputs`
+(`scale_pixels` for uint8 frames, `observation_input` for float vectors),
+which the int8 path watches: it uses the exact uint8 values instead of
+re-quantizing them, and keeps the float observation's layer in fp32.
 
 Shapes: torsos map observations [N, *obs_shape] to features [N, F]; heads map
 features to Q-values [N, A] (DuelingHead); V-trace's heads are in
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seedq.config import LAYER_NORM_MODES
-from seedq.quant.layers import observation_input, scale_pixels
+from seedq.agents.inputs import observation_input, scale_pixels
 
 NETWORKS = ("mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # Smallest image side each conv torso takes. The Nature CNN's VALID convs

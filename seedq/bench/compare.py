@@ -36,9 +36,11 @@ import typing
 
 import numpy as np
 
-from seedq import exit_codes
+from seedq import exit_codes, extras
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
+
+extras.require("bench", "matplotlib")  # the plots
 
 CONFIGS = {
     "seed-fp32": {"architecture": "seed", "precision": "fp32", "actor_precision": "fp32"},
@@ -381,13 +383,11 @@ def format_table(summary: list[dict]) -> str:
 
 def plot(rows: list[dict], curves: list[dict], out: str) -> list[str]:
     """Writes the four PNGs into `out`; returns their paths."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError("seedq compare plots need matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = list(dict.fromkeys(r["config"] for r in rows))
     colors = {n: f"C{i}" for i, n in enumerate(names)}
     paths = []

@@ -43,8 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from seedq import quant
+from seedq.quant import conv_choice, int8_conv
 from seedq.quant import layers as qlayers
 from seedq.quant import quantize as quant_lib
+from seedq.quant.timing import time_interleaved
 
 DEFAULT_ATARI_ENV = "ALE/Pong-v5"
 # The benchmarked networks, each the one an agent builds from its default config:
@@ -304,10 +306,10 @@ def accuracy(reference: np.ndarray, logits: np.ndarray) -> dict:
 
 def time_side_by_side(fns: dict, rounds: int, budget_s: float) -> dict[str, float]:
     """Median seconds per call of each zero-argument function, timed in interleaved
-    rounds by the one timing helper (`seedq.quant.layers.time_interleaved`)."""
+    rounds by the one timing helper (`seedq.quant.timing.time_interleaved`)."""
     for f in fns.values():
         jax.block_until_ready(f())  # compiled before the first timed call
-    return qlayers.time_interleaved(fns, (), budget_s, rounds=rounds, statistic=statistics.median)
+    return time_interleaved(fns, (), budget_s, rounds=rounds, statistic=statistics.median)
 
 
 def _layer_params(tree: dict, path: tuple[str, ...]) -> dict:
@@ -334,7 +336,7 @@ def profile_layers(bench: NetBench, batch: int, precisions, *, rounds: int, budg
                 continue
             impls = [None]
             if p == "int8" and layer.kind == "conv":
-                impls += list(qlayers.CONV_IMPLS)
+                impls += list(int8_conv.CONV_IMPLS)
             for impl in impls:
                 label = p if impl is None else f"int8:{impl}"
                 f = jax.jit(qlayers.layer_fn(layer, p, impl))
@@ -445,7 +447,7 @@ def run(
         "backend": jax.default_backend(),
         "jax_version": jax.__version__,
         "cpu_count": os.cpu_count(),
-        "conv_policy": qlayers.default_conv_policy(),
+        "conv_policy": conv_choice.default_conv_policy(),
         "frames": frames,
         "force_int8": force_int8,
         "results": results,
@@ -457,7 +459,7 @@ def run(
              "strides": list(k[5]),
              "impl": c.impl, "reason": c.reason,
              "ms": {i: (None if s is None else s * 1e3) for i, s in c.seconds.items()}}
-            for k, c in qlayers.conv_choices().items()
+            for k, c in conv_choice.conv_choices().items()
         ],
     }
     if profile:

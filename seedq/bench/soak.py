@@ -42,6 +42,10 @@ import sys
 import tempfile
 import time
 
+from seedq import extras
+
+extras.require("bench", "psutil")
+
 STATS_EVERY_SECONDS = 0.25
 COUNTERS = ("train_steps", "trained_frames", "policy_version", "frames", "episodes")
 # A killed actor's stream must be released within this long for its entry not

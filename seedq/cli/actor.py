@@ -104,6 +104,6 @@ def run(args: argparse.Namespace) -> int:
         from seedq.actor import seed_actor
 
         return seed_actor.main(args)
-    from seedq.actor import impala_actor
+    from seedq.impala import actor as impala_actor
 
     return impala_actor.main(args)

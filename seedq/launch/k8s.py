@@ -36,7 +36,11 @@ import json
 import os
 import sys
 
-import yaml
+from seedq import extras
+
+extras.require("launch", "yaml")
+
+import yaml  # noqa: E402
 
 from seedq import channel, exit_codes
 from seedq import config as config_lib

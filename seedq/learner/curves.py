@@ -8,13 +8,15 @@ rows up to its checkpoint's frames and continues the file, as its
 TensorBoard curves continue.
 
 curves.png draws the return against frames and against elapsed time; it is
-redrawn when the run ends. `plot_runs` overlays several runs (`seedq plot`).
+redrawn when the run ends, where matplotlib is installed (the 'bench' extra). `plot_runs` overlays several runs (`seedq plot`).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+
+from seedq import extras
 
 COLUMNS = ("frames", "episodes", "train_steps", "return", "length", "loss", "entropy", "wall_seconds")
 CSV_FILE = "curves.csv"
@@ -77,6 +79,9 @@ class CurvesSink:
         if self._file.closed:
             return
         self._file.close()
+        if extras.missing("matplotlib"):  # the plot is optional: the 'bench' extra
+            print(f"{PNG_FILE} left out: matplotlib is not installed (pip install 'seedq[bench]')", flush=True)
+            return
         try:
             plot_runs([self.logdir], os.path.join(self.logdir, PNG_FILE), title=os.path.basename(self.logdir))
         except (OSError, ValueError) as e:

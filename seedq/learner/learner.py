@@ -1,17 +1,16 @@
 """The learner process: gRPC inference server plus the training loop.
 
 Threads:
-  * server thread: an asyncio loop running the gRPC server and the dynamic
-    batcher (all per-env state lives here);
+  * server thread (`seedq.learner.server_thread`): an asyncio loop running the
+    gRPC server and the dynamic batcher (all per-env state lives there);
   * training thread: queue -> prefetch -> jitted update -> publish params
-    (`_train_loop`, readable top to bottom);
+    (`_train_loop`, readable top to bottom); in a learner group it meets the
+    other processes after each step (`seedq.learner.group`);
   * the caller's thread: starts/stops, and reads `stats()` (the reporter).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import logging
 import threading
@@ -22,8 +21,8 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq import grpc_setup, jax_setup, schema
-from seedq.acting.core import training_reward_clip
+from seedq import jax_setup, schema
+from seedq.rollout.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig
@@ -32,19 +31,18 @@ from seedq.devices import (
 )
 from seedq.distributed import SOLO, ProcessGroup, first_line, is_lost_peer_error
 from seedq.envs import env_spec
-from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog
+from seedq.learner.group import GroupControl
+from seedq.learner.server_thread import ServerThread
+from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
 from seedq.server.batching import BatchingRule
 from seedq.server.env_table import EnvTable, EpisodeLog, slot_budget
 from seedq.server.inference import InferenceServer, bucket_sizes
-from seedq.server.service import LearnerService, start_server
+from seedq.server.service import LearnerService
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 
 log = logging.getLogger("seedq.learner")
-
-# Train-step gaps longer than this are kept (stats.json `long_train_step_gaps`).
-LONG_GAP_SECONDS = 0.5
 
 
 class Learner:
@@ -63,9 +61,7 @@ class Learner:
     ):
         self.config = config
         self.group = group
-        self.requested_address = address
         jax_setup.configure()
-        self.address: str | None = None
         self.spec = env_spec(config.env, config.env_options) if spec is None else spec
         self.agent = make_agent(config, self.spec) if agent is None else agent
         rng = jax.random.PRNGKey(config.seed)
@@ -124,17 +120,7 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
-        # Train-step timing (time.monotonic()), for stalls: the last step and the
-        # longest gap between two consecutive steps of this process. The clock
-        # starts at the first step after this process booked an env step: a
-        # resumed replay learner's first steps on restored data alone, before
-        # its actors are back, are part of its restart.
-        self._frames_at_start: int | None = None
-        self.last_train_step_at: float | None = None
-        self.max_train_step_gap = 0.0
-        self.max_train_step_gap_ended_at: float | None = None  # when that gap ended
-        # The latest gaps over LONG_GAP_SECONDS: (seconds, monotonic time it ended).
-        self.long_train_step_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=20)
+        self.step_timing = StepTiming()  # stalls (seedq.learner.stats)
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters;
         # the train-step timing and publish counters too, for `stats()`.
@@ -149,32 +135,16 @@ class Learner:
         self._metrics_pending = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server_ready = threading.Event()
-        self._server_error: BaseException | None = None
+        self._server = ServerThread(self._make_service, self.inference, address, config)
         self._threads: list[threading.Thread] = []
-        self._server_thread: threading.Thread | None = None
         self._update = self._parallel.update if self._parallel else jax.jit(self.agent.update)
         _, batch_size = config.training_batch
         self.batches = self.agent.make_batch_source(self.queue, batch_size // group.size)
-        # Group control, in band with the update (`_group_flags`): a stop
-        # request, and the number of checkpoint requests this process has
-        # received; the maximum over the group after a step says, identically
-        # on every process, whether to stop after that step and which
-        # checkpoint pins it (`pinned_snapshot`).
-        self._stop_requested = False
-        self._checkpoint_requests = 0
-        self._last_pin = 0
-        self._pins: dict[int, tuple] = {}
-        self._pinned = threading.Condition(self._state_lock)
-        # Set while training may run: a group's checkpoint parks every
-        # training thread at the pinned step until its save is done, because
-        # orbax's multi-process saves use device collectives of their own
-        # (barriers, broadcasts of the step list), which must not interleave
-        # with the update's.
-        self._may_train = threading.Event()
-        self._may_train.set()
-        self._group_flags = _group_flags_fn(self._parallel) if group.multi else None
+        # A group's stop and checkpoint decisions, in band with the update.
+        self._group = (
+            GroupControl(self._parallel, self._state_lock, self._stop, lambda: self.training)
+            if group.multi else None
+        )
 
     @property
     def int8_plan(self):
@@ -239,16 +209,19 @@ class Learner:
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
 
+    @property
+    def address(self) -> str | None:
+        """The address actors dial, once serving."""
+        return self._server.address
+
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
-        self._frames_at_start = self.table.frames  # restored counters, if resumed
-        server_thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
-        server_thread.start()
-        self._server_thread = server_thread
-        self._threads.append(server_thread)
-        self._server_ready.wait()
-        if self._server_error is not None:
-            raise self._server_error
+        self.step_timing.frames_at_start = self.table.frames  # restored counters, if resumed
+        try:
+            self._server.start()
+        finally:
+            if self._server.thread is not None:
+                self._threads.append(self._server.thread)
         # Without training (inference benchmarks) finished unrolls are drained
         # and dropped, so backpressure does not stall the actors.
         target = self._train_loop if train else self._drain_loop
@@ -260,19 +233,12 @@ class Learner:
     def server_thread_cpu_seconds(self) -> float | None:
         """CPU seconds the server thread (gRPC, batching, inference) has used so
         far; None before start() or where the OS has no per-thread CPU clock."""
-        thread = self._server_thread
-        if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
-            return None
-        try:
-            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-        except OSError:  # the thread has ended
-            return None
+        return self._server.cpu_seconds()
 
     def stop(self) -> None:
         self._stop.set()
         self.queue.close()
-        if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._shutdown_event.set)
+        self._server.stop()
         for thread in self._threads:
             thread.join(timeout=10)
         if self.training:
@@ -284,7 +250,7 @@ class Learner:
             log.warning("waiting for the train step in flight to finish before exiting")
             self.wait_training_stopped(timeout=None)
 
-    # --- server thread ---
+    # --- the service the server thread runs ---
 
     def _make_service(self) -> LearnerService:
         """SEED mode: central inference; IMPALA mode: parameter pulls and unroll pushes."""
@@ -292,7 +258,7 @@ class Learner:
         peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
             return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
-        from seedq.server.impala_service import ImpalaLearnerService, ParamsPublisher
+        from seedq.impala.service import ImpalaLearnerService, ParamsPublisher
 
         # The same agent at the actors' precision (ActorQ int8).
         actor_precision = InferencePrecision(self.agent, self.spec, self.config.actor_precision)
@@ -303,36 +269,6 @@ class Learner:
             config_json=json.dumps(config_lib.to_dict(self.config)),
             current_version=lambda: self.version, peer_timeout_seconds=peer_timeout,
         )
-
-    def _serve(self) -> None:
-        grpc_setup.run(self._serve_async())
-
-    async def _serve_async(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._shutdown_event = asyncio.Event()
-        service = self._make_service()
-        try:
-            server, self.address, set_serving = await start_server(
-                service, self.requested_address, server_config=self.config.server,
-                tls=self.config.tls, auth=self.config.auth,
-            )
-        except BaseException as e:  # reported to start()
-            self._server_error = e
-            self._server_ready.set()
-            return
-        batcher = asyncio.create_task(self.inference.run())
-        await set_serving(True)
-        self._server_ready.set()
-        try:
-            await self._shutdown_event.wait()
-        finally:
-            await set_serving(False)
-            # Answer every waiting stream with UNAVAILABLE (actors reconnect
-            # or exit) before the server stops taking messages.
-            self.inference.close()
-            service.idle.close()
-            await server.stop(grace=1.0)
-            batcher.cancel()
 
     # --- training thread ---
 
@@ -357,7 +293,7 @@ class Learner:
                     self.version += 1
                     self.train_steps += 1
                     self.trained_frames += frames_per_batch
-                    self._record_step_time(time.monotonic())
+                    self.step_timing.record(time.monotonic(), self.table.frames)
                 published = time.perf_counter()
                 params = jax.block_until_ready(self.published_params(state))
                 self.inference.publish(params, self.version)
@@ -368,7 +304,9 @@ class Learner:
                     metrics = {k: self._parallel.local_rows(v) if np.ndim(v) else v for k, v in metrics.items()}
                 self.batches.after_update(batch, metrics)
                 self._metrics_pending = metrics
-                if self._group_flags is not None and self._group_step_done(state):
+                if self._group is not None and self._group.step_done(
+                    lambda: (state, self.train_steps, self.trained_frames, self.version)
+                ):
                     break
                 batch = next_batch
         except QueueClosed:
@@ -381,47 +319,24 @@ class Learner:
             self.error = e
             self._stop.set()
 
-    def _group_step_done(self, state) -> bool:
-        """After a step of a group: pins the state for a checkpoint the group
-        asked for, and says whether the group stops after this step (the same
-        answer on every process: the flags are reduced over the group)."""
-        stop, checkpoints = self._group_flags(self._stop_requested, self._checkpoint_requests)
-        with self._state_lock:
-            pinned = checkpoints and checkpoints > self._last_pin
-            if pinned:
-                self._last_pin = checkpoints
-                self._may_train.clear()
-                self._pins[checkpoints] = (state, self.train_steps, self.trained_frames, self.version)
-                self._pinned.notify_all()
-        while pinned and not self._may_train.wait(0.2) and not self._stop.is_set():
-            pass  # parked until this process's save of the pinned step is done (`resume_training`)
-        return bool(stop)
+    # --- a learner group's decisions (seedq.learner.group; the reporter's thread) ---
 
     def resume_training(self) -> None:
-        """Ends a group checkpoint's pause (see `_may_train`)."""
-        self._may_train.set()
+        """Ends a group checkpoint's pause."""
+        self._group.resume_training()
 
     def request_group_stop(self) -> None:
         """A group's stop decision: every process stops after the same step."""
-        self._stop_requested = True
+        self._group.request_stop()
 
     def request_checkpoint(self) -> int:
         """A group's checkpoint decision; returns its number for `pinned_snapshot`."""
-        self._checkpoint_requests += 1
-        return self._checkpoint_requests
+        return self._group.request_checkpoint()
 
     def pinned_snapshot(self, number: int, timeout: float) -> tuple | None:
-        """The (state, train_steps, trained_frames, version) of the step the
-        group pinned for checkpoint `number` (the same step on every process),
-        or None if training ended or `timeout` passed first."""
-        with self._state_lock:
-            self._pinned.wait_for(
-                lambda: number in self._pins or not self.training, timeout=timeout
-            )
-            pin = self._pins.pop(number, None)
-            for old in [n for n in self._pins if n < number]:
-                del self._pins[old]
-            return pin
+        """The (state, train_steps, trained_frames, version) the group pinned
+        for checkpoint `number`, or None if training ended or `timeout` passed first."""
+        return self._group.pinned_snapshot(number, timeout)
 
     @property
     def training(self) -> bool:
@@ -434,18 +349,6 @@ class Learner:
             if thread.name == "seedq-train":
                 thread.join(timeout)
         return not self.training
-
-    def _record_step_time(self, now: float) -> None:
-        """Books a train step's time (called under `_state_lock`)."""
-        if self.last_train_step_at is None and self.table.frames == self._frames_at_start:
-            return  # no env step of this process yet (restored replay only)
-        if self.last_train_step_at is not None:
-            gap = now - self.last_train_step_at
-            if gap > self.max_train_step_gap:
-                self.max_train_step_gap, self.max_train_step_gap_ended_at = gap, now
-            if gap > LONG_GAP_SECONDS:
-                self.long_train_step_gaps.append((gap, now))
-        self.last_train_step_at = now
 
     def _drain_loop(self) -> None:
         # Whole chunks, not one unroll at a time: slicing them cost the server
@@ -508,8 +411,9 @@ class Learner:
         with self._state_lock:
             now = time.monotonic()
             train_steps, trained_frames, version = self.train_steps, self.trained_frames, self.version
-            last_step, max_gap = self.last_train_step_at, self.max_train_step_gap
-            max_gap_ended, long_gaps = self.max_train_step_gap_ended_at, tuple(self.long_train_step_gaps)
+            timing = self.step_timing
+            last_step, max_gap = timing.last_step_at, timing.max_gap
+            max_gap_ended, long_gaps = timing.max_gap_ended_at, tuple(timing.long_gaps)
             publishes, publish_seconds = self.publishes, self.publish_seconds_total
         episodes, mean_return, mean_length, window_full = self.episodes.snapshot()
         inference = self.inference.stats
@@ -601,23 +505,3 @@ class Learner:
 
     def params_numpy(self):
         return jax.device_get(local_copy(self.state))
-
-
-def _group_flags_fn(parallel):
-    """flags(stop: bool, checkpoints: int) -> (any process stopping, the most
-    checkpoint requests any process has): a max over the group's training
-    mesh, run by every process's training thread after each step (in the same
-    order as the updates, so it cannot interleave differently between hosts)."""
-    import jax.numpy as jnp
-
-    local_devices = sum(1 for d in parallel.mesh.devices.flat if d.process_index == jax.process_index())
-    reduce = jax.jit(lambda flags: jnp.max(flags, axis=0), out_shardings=parallel.replicated)
-
-    def flags(stop: bool, checkpoints: int) -> tuple[int, int]:
-        local = np.tile(np.asarray([[int(stop), int(checkpoints)]], np.int32), (local_devices, 1))
-        out = reduce(jax.make_array_from_process_local_data(parallel.batch_sharding, local))
-        return tuple(int(v) for v in np.asarray(local_copy(out)))
-
-    return flags
-
-

@@ -13,6 +13,7 @@ publish time) cover what happened since an earlier snapshot passed as
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from typing import Any
@@ -137,3 +138,36 @@ class PolicyLagLog:
             idx = np.arange(now.batches - recent, now.batches) % len(self._max)
             worst = int(self._max[idx].max())
         return now, (now.total - mark.total) / (now.steps - mark.steps), worst
+
+
+# Train-step gaps longer than this are kept (stats.json `long_train_step_gaps`).
+LONG_GAP_SECONDS = 0.5
+
+
+class StepTiming:
+    """Train-step timing (time.monotonic()), for stalls: the last step and the
+    longest gap between two consecutive steps of this process, and the latest
+    gaps over LONG_GAP_SECONDS as (seconds, time it ended). The clock starts
+    at the first step after this process booked an env step: a resumed replay
+    learner's first steps on restored data alone, before its actors are back,
+    are part of its restart. Not locked: the learner books and reads it under
+    its state lock."""
+
+    def __init__(self):
+        self.frames_at_start: int | None = None  # env steps booked when training started
+        self.last_step_at: float | None = None
+        self.max_gap = 0.0
+        self.max_gap_ended_at: float | None = None
+        self.long_gaps: collections.deque[tuple[float, float]] = collections.deque(maxlen=20)
+
+    def record(self, now: float, frames: int) -> None:
+        """Books a train step at `now`, with `frames` env steps booked so far."""
+        if self.last_step_at is None and frames == self.frames_at_start:
+            return  # no env step of this process yet (restored replay only)
+        if self.last_step_at is not None:
+            gap = now - self.last_step_at
+            if gap > self.max_gap:
+                self.max_gap, self.max_gap_ended_at = gap, now
+            if gap > LONG_GAP_SECONDS:
+                self.long_gaps.append((gap, now))
+        self.last_step_at = now

@@ -5,7 +5,7 @@ Dense/Conv layers the agent's `act` applies (by tracing `act` once,
 `find_layers_in`), turns the learner's fp32 inference parameters into the
 published form (`publish`: bf16 casts, int8 kernels) and runs `act` with every
 such layer at the chosen precision (`act`: method interception, see
-`seedq.quant.layers`). The agents themselves only ever see fp32 code: the
+`seedq.quant.intercept`). The agents themselves only ever see fp32 code: the
 V-trace MLP/CNN/LSTM networks and R2D2's LSTM and dueling head are covered by
 the same rule. The SEED server, the IMPALA actors (and the learner's
 parameter publisher for them) and evaluation all act through this one object.
@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from seedq.quant import layers as ql
+from seedq.quant.intercept import run_at_precision
 from seedq.quant import plan as qplan
 from seedq.quant import quantize as qz
 
@@ -70,7 +71,7 @@ class InferencePrecision:
         """`agent.act` at this precision on published `params`. Pure and jittable;
         the int8 plan's layer set is chosen by the (static) batch size."""
         int8_layers = None if self.plan is None else self.plan.layers_for(obs.shape[0])
-        return ql.run_at_precision(
+        return run_at_precision(
             self.agent.act, self.precision, params, rng, obs, first, core_state, inputs,
             int8_layers=int8_layers,
         )

@@ -30,6 +30,8 @@ import numpy as np
 
 from seedq.quant import layers as ql
 from seedq.quant import quantize as qz
+from seedq.quant.conv_shapes import conv_strides, explicit_padding
+from seedq.quant.timing import time_interleaved
 
 Path = tuple[str, ...]
 
@@ -42,9 +44,9 @@ def layer_macs(layer: ql.LayerInfo) -> int:
     if layer.kind == "dense":
         return c * int(mod.features)
     kh, kw = (int(k) for k in mod.kernel_size)
-    strides = tuple(int(s) for s in np.broadcast_to(mod.strides or 1, (2,)))
+    strides = conv_strides(mod)
     h, w = (int(d) for d in layer.input.shape[-3:-1])
-    (pt, pb), (pl, pr) = ql._explicit_padding(mod, (h, w), strides)
+    (pt, pb), (pl, pr) = explicit_padding(mod, (h, w), strides)
     ho = (h + pt + pb - kh) // strides[0] + 1
     wo = (w + pl + pr - kw) // strides[1] + 1
     return ho * wo * kh * kw * c * int(mod.features)
@@ -169,7 +171,7 @@ def _time_layer(layer: ql.LayerInfo, node: dict, equalize: bool, batch: int, *, 
         pass
     jax.block_until_ready(fns["fp32"](x))
     out: dict[str, float | None] = {"int8": None}
-    out.update(ql.time_interleaved(fns, (x,), budget_s, rounds=rounds, statistic=statistics.median))
+    out.update(time_interleaved(fns, (x,), budget_s, rounds=rounds, statistic=statistics.median))
     return out
 
 

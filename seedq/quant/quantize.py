@@ -57,12 +57,6 @@ def quantize_per_channel(w: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.A
     return q, scale
 
 
-def dequantize_per_channel(q: jax.Array, scale: jax.Array, axis: int = -1) -> jax.Array:
-    shape = [1] * q.ndim
-    shape[axis % q.ndim] = q.shape[axis % q.ndim]
-    return q.astype(jnp.float32) * scale.reshape(shape)
-
-
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Dynamic per-row activation quantization.
 

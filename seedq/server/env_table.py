@@ -2,7 +2,7 @@
 
 Each connected actor owns a contiguous block of *slots*; slot = block start +
 env index, so a request's envs map to slots with one vectorised add and every
-per-env array of the acting core (`seedq.acting.core`: episode book-keeping,
+per-env array of the acting core (`seedq.rollout.core`: episode book-keeping,
 recurrent state, the unroll under construction) is indexed by slot. A new run
 id from a known actor means it restarted: its previous block is released
 (partial unrolls dropped) and a fresh one is handed out.

@@ -6,7 +6,7 @@ The batch loop gathers requests across streams until it holds
 its next request, or `batch_timeout_ms` passed since the first one arrived
 (the `wait` rule; the `greedy` rule takes what is queued at once, and `auto`
 picks one by measurement: `seedq.server.batching`); then it hands the whole
-batch to the acting core (`seedq.acting.core`: one jitted `act` at the
+batch to the acting core (`seedq.rollout.core`: one jitted `act` at the
 server's inference precision, padded to a fixed bucket size so steady state
 never recompiles; episode book-keeping), answers, and
 only then records the step into every env's unroll and hands finished
@@ -35,7 +35,7 @@ import time
 import jax
 import numpy as np
 
-from seedq.acting.core import ActingCore
+from seedq.rollout.core import ActingCore
 from seedq.latency import LatencyRing
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import EnvSpec

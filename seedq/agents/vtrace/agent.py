@@ -232,74 +232,68 @@ class VTraceAgent:
         torsos = sown.get("intermediates", {})
         return dist, values, {name: sown_layers["activations"] for name, sown_layers in torsos.items()}
 
+    def _time_major(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """The per-step fields the loss reads, [B, T+1, ...] -> [T+1, B, ...]."""
+        names = ("reward", "terminated", "truncated", "action", *self.policy.fields())
+        return {k: jnp.swapaxes(batch[k], 0, 1) for k in names}
+
+    def _return_rms(self, params) -> jax.Array | None:
+        """The running RMS of the discounted return (a scalar, no gradient), or None
+        unless `normalize_returns`."""
+        if not self.config.normalize_returns:
+            return None
+        stats = jax.lax.stop_gradient(normalization.RunningStats(**params["return_stats"]))
+        return normalization.root_mean_square(stats)[0]
+
+    def _trace_lambda(self, reach: jax.Array, shape: tuple[int, int]):
+        """V-trace's lambda: the config's, or with `grow_lookahead` per step [T, B],
+        cut where the targets' reach ends (`reach` lookahead steps past the unroll)."""
+        cfg = self.config
+        if not cfg.grow_lookahead:
+            return cfg.lambda_
+        return losses.trace_cut_at(cfg.lambda_, shape, cfg.unroll_length - 1 + reach.astype(jnp.int32))
+
     def loss(self, params, batch: dict[str, jax.Array], step: jax.Array | int = 0):
         """Scalar V-trace loss and metrics on batch-major unrolls [B, T+1, ...] at
-        train step `step` (which sets an annealed entropy bonus).
+        train step `step` (which sets an annealed entropy bonus and the lookahead's reach).
 
-        T is unroll_length + lookahead: V-trace runs over all T steps, and the
-        losses and metrics cover the first unroll_length of them."""
+        T is unroll_length + lookahead: V-trace runs over all T transitions, and the
+        losses and metrics cover the first unroll_length of them (the next unrolls
+        train on the lookahead's steps)."""
         cfg = self.config
-        tm = {k: jnp.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action")}
-        tm.update({k: jnp.swapaxes(batch[k], 0, 1) for k in self.policy.fields()})  # behaviour
+        tm = self._time_major(batch)
         chex.assert_rank(tm["reward"], 2)
-        dist, values, activations = self._unroll_network(params, batch)
+        dist, values, activations = self._unroll_network(params, batch)  # [T+1, B, ...]
+        return_rms = self._return_rms(params)
 
         actions = tm["action"][:-1]
-        # Clipped (vtrace.reward_clip, Atari) where the learner recorded them.
-        rewards = tm["reward"][1:] * cfg.reward_scale
-        if cfg.normalize_returns:
-            return_rms = normalization.root_mean_square(
-                jax.lax.stop_gradient(normalization.RunningStats(**params["return_stats"]))
-            )[0]
-            rewards = rewards / return_rms
-        discounts = cfg.discount * (1.0 - tm["terminated"][1:].astype(jnp.float32))
-        # x_t was a final observation: the env reset instead of taking a_t.
-        valid = 1.0 - (tm["terminated"][:-1] | tm["truncated"][:-1]).astype(jnp.float32)
-
         target_dist = {k: v[:-1] for k, v in dist.items()}
-        behaviour_dist = {k: tm[k][:-1] for k in self.policy.fields()}
-        target_logp = self.policy.log_prob(target_dist, actions)
-        behaviour_logp = self.policy.log_prob(behaviour_dist, actions)
-        # Masked steps get rho = 0: no TD error, trace or policy gradient there
-        # (and a clipped log-ratio keeps exp() finite for far-off Gaussian samples).
-        rhos = jnp.exp(jnp.minimum(target_logp - behaviour_logp, 20.0)) * valid
-
-        lambda_ = cfg.lambda_
+        target_logp = self.policy.log_prob(target_dist, actions)  # [T, B]
+        behaviour_logp = self.policy.log_prob({k: tm[k][:-1] for k in self.policy.fields()}, actions)
+        valid = losses.valid_transitions(tm["terminated"], tm["truncated"])
+        rhos = losses.importance_weights(target_logp - behaviour_logp, valid)
         reach = jnp.floor(self.lookahead(step))  # lookahead steps the targets use
-        if cfg.grow_lookahead:
-            # The trace is cut (lambda 0) where the reach ends, so the targets
-            # bootstrap from that step's value.
-            cut = jnp.arange(rhos.shape[0])[:, None] == cfg.unroll_length - 1 + reach.astype(jnp.int32)
-            lambda_ = jnp.where(cut, 0.0, jnp.full(rhos.shape, cfg.lambda_, rhos.dtype))
         vt = losses.vtrace(
             v_tm1=values[:-1],
             v_t=values[1:],
-            r_t=rewards,
-            discount_t=discounts,
+            r_t=losses.transition_rewards(tm["reward"], cfg.reward_scale, return_rms),
+            discount_t=losses.transition_discounts(tm["terminated"], cfg.discount),
             rho_tm1=rhos,
-            lambda_=lambda_,
+            lambda_=self._trace_lambda(reach, rhos.shape),
             clip_rho_threshold=cfg.clip_rho_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
         )
-        # The clipped surrogate applies its own ratio; V-trace's gradient, its clipped weight.
+
+        def trained(tree):  # [T, B, ...] -> [unroll_length, B, ...]
+            return jax.tree.map(lambda x: x[: cfg.unroll_length], tree)
+
+        valid, rhos, target_logp, behaviour_logp, target_dist, values, vt = trained(
+            (valid, rhos, target_logp, behaviour_logp, target_dist, values[:-1], vt))
         advantages = vt.advantages if cfg.ppo_clip else vt.pg_advantages
-        if cfg.lookahead:
-            # The lookahead's steps only lengthened the targets above; the next
-            # unrolls train on them.
-            trained = slice(0, cfg.unroll_length)
-            advantages, valid, rhos = advantages[trained], valid[trained], rhos[trained]
-            target_logp, behaviour_logp = target_logp[trained], behaviour_logp[trained]
-            target_dist = {k: v[trained] for k, v in target_dist.items()}
-            values = values[: cfg.unroll_length + 1]  # values[:-1]: the trained steps'
-            vt = vt._replace(targets=vt.targets[trained], pg_advantages=vt.pg_advantages[trained])
         if cfg.normalize_advantages:
             advantages = losses.standardize(advantages, valid)
-        if cfg.ppo_clip:
-            pg_loss = losses.clipped_surrogate_loss(
-                target_logp - behaviour_logp, advantages, valid, cfg.ppo_clip)
-        else:
-            pg_loss = losses.policy_gradient_loss_from_log_probs(target_logp, advantages, valid)
-        baseline_loss = losses.baseline_loss(values[:-1], vt.targets, valid)
+        pg_loss = losses.policy_loss(target_logp, behaviour_logp, advantages, valid, cfg.ppo_clip)
+        baseline_loss = losses.baseline_loss(values, vt.targets, valid)
         entropy_loss = losses.entropy_loss_from_entropy(self.policy.entropy(target_dist), valid)
         entropy_cost = self.entropy_cost(step)
         total = pg_loss + cfg.baseline_cost * baseline_loss + entropy_cost * entropy_loss
@@ -310,13 +304,13 @@ class VTraceAgent:
             "loss/entropy": entropy_loss,
             "loss/entropy_cost": entropy_cost,
             "vtrace/lookahead": reach,
-            "rho/mean": jnp.sum(rhos * valid) / jnp.maximum(jnp.sum(valid), 1.0),
-            **self._health(target_dist, values[:-1], vt.pg_advantages, activations, valid),
+            "rho/mean": losses.masked_average(rhos, valid),
+            **self._health(target_dist, values, vt.pg_advantages, activations, valid),
         }
         if cfg.ppo_clip:  # PPO's clip fraction: how far the reused passes have moved the policy
-            clipped = (jnp.abs(rhos - 1.0) > cfg.ppo_clip).astype(jnp.float32) * valid
-            metrics["policy/clip_fraction"] = jnp.sum(clipped) / jnp.maximum(jnp.sum(valid), 1.0)
-        if cfg.normalize_returns:
+            clipped = (jnp.abs(rhos - 1.0) > cfg.ppo_clip).astype(jnp.float32)
+            metrics["policy/clip_fraction"] = losses.masked_average(clipped, valid)
+        if return_rms is not None:
             # This batch's discounted returns in reward units, merged into the statistics by `update`.
             returns = (vt.targets * return_rms).reshape(-1, 1)
             metrics[RETURN_BATCH] = normalization.batch_stats(returns, valid.reshape(-1))

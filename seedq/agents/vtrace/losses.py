@@ -255,3 +255,72 @@ def baseline_loss(values: Array, targets: Array, mask: Array) -> Array:
     # Values regress towards fixed targets; no gradient goes into the targets.
     errors = jax.lax.stop_gradient(targets) - values
     return _masked_mean(0.5 * jnp.square(errors), mask)
+
+
+# --- from unrolls to transitions ---------------------------------------------
+# An unroll of T+1 steps holds at step t the observation x_t, the reward and
+# episode flags that arrived with x_t (produced by action t-1) and the action
+# a_t chosen at x_t; transition t (t < T) is x_t --a_t--> x_{t+1}.
+
+
+def transition_rewards(reward: Array, scale: float, return_rms: Array | None = None) -> Array:
+    """The reward of each transition, scaled: [T+1, B] per step -> [T, B].
+
+    Divided by `return_rms` (a scalar, the running RMS of the discounted
+    return) where returns are normalised."""
+    chex.assert_rank(reward, 2)
+    r_t = reward[1:] * scale
+    return r_t if return_rms is None else r_t / return_rms
+
+
+def transition_discounts(terminated: Array, discount: float) -> Array:
+    """`discount`, or 0 where the transition terminated the episode: [T+1, B] -> [T, B].
+
+    A truncated episode keeps its discount: it bootstraps from its final observation."""
+    chex.assert_rank(terminated, 2)
+    return discount * (1.0 - terminated[1:].astype(jnp.float32))
+
+
+def valid_transitions(terminated: Array, truncated: Array) -> Array:
+    """1.0 where a_t was taken, 0.0 where x_t was a final observation (the env reset
+    instead of taking a_t): [T+1, B] flags -> [T, B] float mask."""
+    chex.assert_rank([terminated, truncated], 2)
+    chex.assert_equal_shape([terminated, truncated])
+    return 1.0 - (terminated[:-1] | truncated[:-1]).astype(jnp.float32)
+
+
+def importance_weights(log_ratio: Array, valid: Array) -> Array:
+    """rho = pi(a|x) / mu(a|x) from log pi - log mu, 0 on masked transitions; [T, B] -> [T, B].
+
+    rho = 0 zeroes a step's TD error, trace and policy gradient in one place;
+    the log-ratio is clipped at 20 so that exp() stays finite for far-off
+    Gaussian samples."""
+    chex.assert_rank([log_ratio, valid], 2)
+    chex.assert_equal_shape([log_ratio, valid])
+    return jnp.exp(jnp.minimum(log_ratio, 20.0)) * valid
+
+
+def trace_cut_at(lambda_: float, shape: tuple[int, int], last_step: Array) -> Array:
+    """Per-step trace lambdas [T, B]: `lambda_`, and 0 at step `last_step` (a
+    scalar), so targets bootstrap from that step's value and see nothing after it."""
+    cut = jnp.arange(shape[0])[:, None] == last_step
+    return jnp.where(cut, 0.0, jnp.full(shape, lambda_, jnp.float32))
+
+
+def policy_loss(target_log_prob: Array, behaviour_log_prob: Array, advantages: Array, mask: Array,
+                ppo_clip: float = 0.0) -> Array:
+    """The policy's loss on [T, B] log-probabilities of the actions taken: V-trace's
+    policy gradient (`advantages` = `VTraceOutput.pg_advantages`, importance-weighted),
+    or with `ppo_clip` > 0 PPO's clipped surrogate (`advantages` =
+    `VTraceOutput.advantages`; the surrogate applies its own ratio). Scalar."""
+    if ppo_clip:
+        return clipped_surrogate_loss(target_log_prob - behaviour_log_prob, advantages, mask, ppo_clip)
+    return policy_gradient_loss_from_log_probs(target_log_prob, advantages, mask)
+
+
+def masked_average(x: Array, mask: Array) -> Array:
+    """The mean of `x` over the steps where `mask` is 1 (0 if none); [T, B] -> scalar.
+
+    A metric's mean, unlike the losses' division by T*B."""
+    chex.assert_equal_shape([x, mask])
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)

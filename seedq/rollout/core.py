@@ -6,7 +6,7 @@ For a set of env *slots* (indices into per-env arrays) the core keeps:
     per-env constants `act` reads (R2D2's epsilons);
   * episode book-keeping (`EpisodeTracker`): which step starts an episode,
     running returns and lengths, the episodes that ended;
-  * optionally the unroll store (`seedq.acting.store.UnrollStore`) that
+  * optionally the unroll store (`seedq.rollout.store.UnrollStore`) that
     cuts each env's steps into training sequences, with the step record
     defined once in `seedq.schema`; training rewards are clipped here and
     nowhere else (`reward_clip`).
@@ -28,9 +28,9 @@ import jax
 import numpy as np
 
 from seedq import schema
-from seedq.acting.store import UnrollStore
+from seedq.rollout.store import UnrollStore
 
-log = logging.getLogger("seedq.acting")
+log = logging.getLogger("seedq.rollout")
 
 
 def training_reward_clip(config) -> float:

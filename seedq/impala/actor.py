@@ -7,7 +7,7 @@ its vector env with its own jitted `agent.act`, and sends finished unrolls
 with their behaviour logits, policy versions and initial recurrent state.
 
 Acting and unroll assembly are the SEED server's own acting core
-(`seedq.acting.core.ActingCore`: episode starts and book-keeping, the step
+(`seedq.rollout.core.ActingCore`: episode starts and book-keeping, the step
 record, the unroll store with its overlap, reward clipping), fed the same
 step stream the server would see, so the learner gets identical batches from
 both architectures. The run config (agent, hyperparameters,
@@ -31,7 +31,8 @@ import numpy as np
 
 from seedq.actor.seed_actor import ActorStats, FatalActorError
 from seedq.v1 import seed_pb2
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 from seedq import schema
 
 log = logging.getLogger("seedq.actor")
@@ -50,7 +51,7 @@ class UnrollBuilder:
     def __init__(self, agent, spec: schema.EnvSpec, num_envs: int, rng, *, precision=None,
                  reward_clip: float = 0.0):
         """`precision`: an `InferencePrecision` for `agent` (fp32 when None)."""
-        from seedq.acting.core import ActingCore  # JAX: only IMPALA actors need it
+        from seedq.rollout.core import ActingCore  # JAX: only IMPALA actors need it
         from seedq.quant.mode import InferencePrecision
 
         precision = precision or InferencePrecision(agent, spec, "fp32")
@@ -157,7 +158,7 @@ async def serve_connection(
         if ack is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
         config = config_lib.from_dict(config_lib.TrainConfig, json.loads(ack.config_json))
-        from seedq.acting.core import training_reward_clip
+        from seedq.rollout.core import training_reward_clip
 
         agent, precision = acting_for(config)
         expected = expected_params(agent, precision)

@@ -27,7 +27,8 @@ from seedq.server.inference import RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.unrolls import QueueClosed, put_when_room
 from seedq.v1 import seed_pb2
-from seedq.wire import codec, impala_codec
+from seedq.impala import codec as impala_codec
+from seedq.wire import codec
 
 log = logging.getLogger("seedq.server")
 

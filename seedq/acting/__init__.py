@@ -1,2 +1,0 @@
-"""Acting: the one implementation of acting on env steps and booking them (`core`)
-and the unroll store it fills (`store`)."""

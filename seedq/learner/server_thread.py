@@ -1,0 +1,85 @@
+"""The learner's server thread: an asyncio loop running the gRPC server and
+the dynamic batcher (all per-env state lives on it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Callable
+
+from seedq import grpc_setup
+from seedq.config import TrainConfig
+from seedq.server.inference import InferenceServer
+from seedq.server.service import start_server
+
+
+class ServerThread:
+    """Serves `make_service()` on `address` from a thread of its own until `stop`."""
+
+    def __init__(self, make_service: Callable, inference: InferenceServer, address: str, config: TrainConfig):
+        self._make_service = make_service
+        self._inference = inference
+        self._requested_address = address
+        self._config = config
+        self.address: str | None = None
+        self.thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> str:
+        """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
+        self.thread = threading.Thread(target=self._serve, name="seedq-server", daemon=True)
+        self.thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self.address
+
+    def stop(self) -> None:
+        """Asks the server to stop (the caller joins `thread`)."""
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._shutdown_event.set)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the thread (gRPC, batching, inference) has used so far;
+        None before start() or where the OS has no per-thread CPU clock."""
+        thread = self.thread
+        if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # the thread has ended
+            return None
+
+    def _serve(self) -> None:
+        grpc_setup.run(self._serve_async())
+
+    async def _serve_async(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._shutdown_event = asyncio.Event()
+        service = self._make_service()
+        try:
+            server, self.address, set_serving = await start_server(
+                service, self._requested_address, server_config=self._config.server,
+                tls=self._config.tls, auth=self._config.auth,
+            )
+        except BaseException as e:  # reported to start()
+            self._error = e
+            self._ready.set()
+            return
+        batcher = asyncio.create_task(self._inference.run())
+        await set_serving(True)
+        self._ready.set()
+        try:
+            await self._shutdown_event.wait()
+        finally:
+            await set_serving(False)
+            # Answer every waiting stream with UNAVAILABLE (actors reconnect
+            # or exit) before the server stops taking messages.
+            self._inference.close()
+            service.idle.close()
+            await server.stop(grace=1.0)
+            batcher.cancel()
