@@ -141,3 +141,23 @@ def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_
     # A config that names the field keeps it.
     saved["vtrace"][field] = named
     assert getattr(config_lib.from_saved(saved).vtrace, field) == named
+
+
+def test_eval_of_a_checkpoint_whose_env_names_code_asks_for_env(tmp_path, capsys, monkeypatch):
+    """A checkpoint may come from anyone: `factory:<module>:<function>` in its
+    config is not imported or called unless the user names the env."""
+    import seedq.envs
+
+    run = tmp_path / "run"
+    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64))
+    meta = _meta_file(step_dir)
+    saved = json.loads(meta.read_text())
+    saved["config"]["env"] = "factory:os:abort"
+    meta.write_text(json.dumps(saved))
+    resolved = []
+    monkeypatch.setattr(seedq.envs, "_factory", lambda env_id: resolved.append(env_id))
+    code, err = _cli(["eval", run, "--episodes", "1"], capsys)
+    assert code == 1 and resolved == []
+    assert len(err.strip().splitlines()) == 1 and "'factory:os:abort'" in err and "--env" in err, err
+    code, err = _cli(["eval", run, "--episodes", "1", "--env", "CartPole-v1"], capsys)
+    assert code == 0, err

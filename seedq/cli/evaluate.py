@@ -37,7 +37,7 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seedq import evaluate
+    import seedq.evaluate as evaluate  # (the module: `from seedq import evaluate` is the API function)
 
     try:
         loaded = evaluate.load_policy(
