@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
+import time
 
 import grpc
 import numpy as np
@@ -119,3 +121,52 @@ def test_a_handshake_past_max_envs_is_refused_while_the_first_stream_is_served(t
         first.close()
         second.close()
         learner.stop()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.e2e
+def test_a_thousand_handshakes_of_distinct_ids_leave_memory_and_compiled_programs_bounded(tmp_path):
+    """Every new actor id may connect, but what it leaves behind is bounded:
+    slots return to the budget, and requests of any size (past the largest
+    bucket too) run on the programs compiled for the buckets."""
+    from seedq.learner.learner import Learner
+
+    config = dataclasses.replace(
+        TrainConfig(), env="CartPole-v1",
+        vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4),
+        server=dataclasses.replace(ServerConfig(), max_envs=2048, max_batch_size=64),
+    )
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    address = learner.start(train=False)
+    sizes = [1, 7, 64, 65, 300, 1000]  # within, at and past the largest bucket (64)
+    try:
+        def connect_and_step(i: int, num_envs: int) -> None:
+            stream = RawStream(address)
+            try:
+                stream.handshake(f"actor-{i}-{'x' * 100}", num_envs)
+                assert stream.step(num_envs).shape == (num_envs,)
+            finally:
+                stream.close()
+
+        for i, n in enumerate(sizes):  # every bucket that these sizes use, compiled once
+            connect_and_step(i, n)
+        compiled, rss_before = learner.inference.stats.compiles, _rss_bytes()
+        for i in range(1000):
+            connect_and_step(len(sizes) + i, sizes[i % len(sizes)])
+        compiles_after, rss_after = learner.inference.stats.compiles, _rss_bytes()
+        deadline = time.monotonic() + 30
+        while learner.table.num_connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        learner.stop()
+    assert compiled <= len(learner.inference.buckets)  # never one for a size past the largest
+    assert compiles_after == compiled
+    assert learner.table.num_slots <= 2048 and learner.table.num_connected == 0
+    assert learner.table.runs_started == len(sizes) + 1000
+    print(f"1,000 handshakes: compiled programs {compiled} -> {compiles_after}; "
+          f"RSS {rss_before / 2**20:.0f} MiB -> {rss_after / 2**20:.0f} MiB; slots {learner.table.num_slots}")
+    assert rss_after - rss_before < 64 << 20

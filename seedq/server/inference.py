@@ -360,15 +360,18 @@ class InferenceServer:
 
         obs, rewards, terminated, truncated = map(joined, ("observations", "rewards", "terminated", "truncated"))
         n = len(slots)
-        # The smallest bucket that fits (a single actor with more envs than
-        # max_batch_size runs at its own size).
-        size = self.core.padded_size(n, next((b for b in self.buckets if b >= n), n))
+        # The smallest bucket that fits; a request larger than the largest
+        # bucket (one actor with more envs than max_batch_size) runs in chunks
+        # of it: the compiled batch sizes are the buckets, whatever peers send.
+        largest = self.buckets[-1]
+        size = self.core.padded_size(n, next((b for b in self.buckets if b >= n), largest))
         if size not in self._compiled:
             self._compiled.add(size)
             log.info("compiling inference for batch size %d", size)
         params, version = self._published
         result, self._rng, pending = self.core.act(
-            params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size
+            params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size,
+            max_rows=largest,
         )
         self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
@@ -376,5 +379,5 @@ class InferenceServer:
         self.stats.greedy_batches += greedy
         self.stats.requests += len(batch)
         self.stats.env_steps += n
-        self.stats.padded_steps += size
+        self.stats.padded_steps += size * -(-n // size)
         return result.actions, version, pending
