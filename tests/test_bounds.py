@@ -170,3 +170,48 @@ def test_a_thousand_handshakes_of_distinct_ids_leave_memory_and_compiled_program
     print(f"1,000 handshakes: compiled programs {compiled} -> {compiles_after}; "
           f"RSS {rss_before / 2**20:.0f} MiB -> {rss_after / 2**20:.0f} MiB; slots {learner.table.num_slots}")
     assert rss_after - rss_before < 64 << 20
+
+
+@pytest.mark.e2e
+def test_a_compile_runs_off_the_event_loop_which_keeps_serving(tmp_path, monkeypatch):
+    """While a batch size compiles, the server thread's event loop still
+    answers health checks (kubelet probes) and runs the idle watchdog."""
+    import threading
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from seedq.learner.learner import Learner
+    from seedq.rollout.core import ActingCore
+
+    compiling, release = threading.Event(), threading.Event()
+    real_warm_up = ActingCore.warm_up
+
+    def slow_warm_up(self, *args):
+        compile_program = real_warm_up(self, *args)
+
+        def held():
+            compiling.set()
+            release.wait(60)
+            compile_program()
+        return held
+
+    monkeypatch.setattr(ActingCore, "warm_up", slow_warm_up)
+    config = dataclasses.replace(TrainConfig(), env="CartPole-v1",
+                                 vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4))
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    address = learner.start(train=False)
+    stream = RawStream(address)
+    try:
+        stepped = threading.Thread(target=lambda: (stream.handshake("a", 4), stream.step(4)), daemon=True)
+        stepped.start()
+        assert compiling.wait(60)
+        with grpc.insecure_channel(address) as ch:  # answered while the compile is held
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        release.set()
+        stepped.join(60)
+        assert not stepped.is_alive()
+    finally:
+        release.set()
+        stream.close()
+        learner.stop()

@@ -150,6 +150,20 @@ class ActingCore:
         self._num_slots = -1
         self.ensure_capacity(capacity)
 
+    def warm_up(self, params, rng, obs_example: np.ndarray, size: int):
+        """A function that compiles `act`'s program for batches of `size` (a
+        call on zeros; no table is read or written by it, so another thread
+        may run it while this one serves). The arrays are made here."""
+        obs = np.zeros((size, *obs_example.shape[1:]), obs_example.dtype)
+        first = np.ones(size, bool)
+        core = {k: np.zeros((size, *v.shape[1:]), v.dtype) for k, v in self.core.items()}
+        inputs = {k: np.zeros((size, *v.shape[1:]), v.dtype) for k, v in self.inputs.items()}
+
+        def compile_program() -> None:
+            jax.block_until_ready(self._act(params, rng, obs, first, core, inputs))
+
+        return compile_program
+
     @property
     def compiles(self) -> int:
         """Programs compiled so far (one per padded batch size)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -159,6 +160,7 @@ class InferenceServer:
         self.failure: BaseException | None = None
         self._has_work: asyncio.Event | None = None
         self._compiled: set[int] = set()
+        self._compile_thread: concurrent.futures.ThreadPoolExecutor | None = None
         # The answered batch whose step is not in the unroll store yet, and
         # the sequences recording it finished (`_record_answered`).
         self._unrecorded = None
@@ -294,9 +296,31 @@ class InferenceServer:
             steps += len(request.steps)
         return batch
 
+    def _batch_size(self, n: int) -> int:
+        """The padded size `n` env steps run at: the smallest bucket that fits,
+        or chunks of the largest (`ActingCore.act`'s max_rows)."""
+        bucket = next((b for b in self.buckets if b >= n), None)
+        return self.core.padded_size(n, bucket) if bucket else self.core.padded_size(self.buckets[-1])
+
+    async def _compile_off_the_loop(self, batch: list[_Request]) -> None:
+        """Compiles the program of this batch's size, the first time it is
+        needed, on a thread of its own: the event loop keeps answering
+        health checks and keepalives and running the idle watchdog meanwhile
+        (a compile can take minutes)."""
+        size = self._batch_size(sum(len(r.steps) for r in batch))
+        if size in self._compiled:
+            return
+        log.info("compiling inference for batch size %d", size)
+        if self._compile_thread is None:
+            self._compile_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="seedq-compile")
+        warm = self.core.warm_up(self._published[0], self._rng, batch[0].steps.observations, size)
+        await asyncio.get_running_loop().run_in_executor(self._compile_thread, warm)
+        self._compiled.add(size)
+
     async def _run_batch(self, batch: list[_Request], greedy: bool = False) -> None:
         started = time.perf_counter()
         try:
+            await self._compile_off_the_loop(batch)
             actions, version, pending = self._infer(batch, greedy)
         except Exception as e:  # never leave a stream hanging on a bad batch
             # A failure here (a device error, a learner bug) would fail every
@@ -363,15 +387,11 @@ class InferenceServer:
         # The smallest bucket that fits; a request larger than the largest
         # bucket (one actor with more envs than max_batch_size) runs in chunks
         # of it: the compiled batch sizes are the buckets, whatever peers send.
-        largest = self.buckets[-1]
-        size = self.core.padded_size(n, next((b for b in self.buckets if b >= n), largest))
-        if size not in self._compiled:
-            self._compiled.add(size)
-            log.info("compiling inference for batch size %d", size)
+        size = self._batch_size(n)
         params, version = self._published
         result, self._rng, pending = self.core.act(
             params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size,
-            max_rows=largest,
+            max_rows=self.buckets[-1],
         )
         self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
