@@ -488,7 +488,7 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
         learner.wait(timeout=120)
     finally:
         stop(learner, good, *refused.values())
-    assert learner.returncode == 0, _text(log)  # SIGTERM: checkpoint, then exit 0
+    assert learner.returncode == 143, _text(log)  # SIGTERM: checkpoint, then exit 143 (restart me)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "terminated" and summary["frames"] > 20000
     assert os.path.isdir(summary["checkpoint"]) and summary["train_steps"] > 0
