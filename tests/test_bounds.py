@@ -215,3 +215,31 @@ def test_a_compile_runs_off_the_event_loop_which_keeps_serving(tmp_path, monkeyp
         release.set()
         stream.close()
         learner.stop()
+
+
+@pytest.mark.unit
+def test_an_actor_refused_for_a_full_budget_says_why_once_and_retries(capsys):
+    """Unlike a message over the size limit, a full slot budget frees up: the
+    actor waits and tries again (and so after a learner failure)."""
+    import asyncio
+
+    from seedq.actor.seed_actor import FatalActorError, run_actor
+
+    def rpc_error(code, details):
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+    full = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{codec.SLOT_BUDGET_MARKER}: 64 of 64 in use")
+    failed = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{codec.LEARNER_FAILED_MARKER} (ValueError: x) and is stopping")
+    outcomes = [full, full, full, failed, failed,
+                rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max")]
+    calls = []
+
+    async def connection(*args, **kwargs):
+        calls.append(1)
+        raise outcomes[len(calls) - 1]
+
+    with pytest.raises(FatalActorError, match="larger than max"):
+        asyncio.run(run_actor("unix:/nonexistent.sock", "CartPole-v1", 1, actor_id="a", connection=connection))
+    assert len(calls) == len(outcomes)  # retried through both, fatal on the oversized message
+    err = capsys.readouterr().err
+    assert err.count(codec.SLOT_BUDGET_MARKER) == 1 and err.count(codec.LEARNER_FAILED_MARKER) == 1, err
