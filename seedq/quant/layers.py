@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from seedq.agents.inputs import scale_pixels
-from seedq.quant.intercept import ApplyState, active
 from seedq.quant.conv_choice import choose_conv_impl, default_conv_policy
 from seedq.quant.conv_shapes import conv_strides, conv_supported, explicit_padding
+from seedq.quant.intercept import ApplyState, active
 
 
 @dataclasses.dataclass(frozen=True)
