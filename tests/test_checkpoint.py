@@ -192,3 +192,23 @@ def test_a_run_config_json_given_as_config_file_is_read_in_this_layout(tmp_path)
     by_hand = tmp_path / "some.json"
     by_hand.write_text(json.dumps({"seed": 3}))
     assert config_lib.read_json(str(by_hand)) == {"seed": 3}
+
+
+def test_eval_of_a_checkpoint_whose_env_names_code_asks_for_env(tmp_path, capsys, monkeypatch):
+    """A checkpoint may come from anyone: `factory:<module>:<function>` in its
+    config is not imported or called unless the user names the env."""
+    import seedq.envs
+
+    run = tmp_path / "run"
+    step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64))
+    meta = _meta_file(step_dir)
+    saved = json.loads(meta.read_text())
+    saved["config"]["env"] = "factory:os:abort"
+    meta.write_text(json.dumps(saved))
+    resolved = []
+    monkeypatch.setattr(seedq.envs, "_factory", lambda env_id: resolved.append(env_id))
+    code, err = _cli(["eval", run, "--episodes", "1"], capsys)
+    assert code == 1 and resolved == []
+    assert len(err.strip().splitlines()) == 1 and "'factory:os:abort'" in err and "--env" in err, err
+    code, err = _cli(["eval", run, "--episodes", "1", "--env", "CartPole-v1"], capsys)
+    assert code == 0, err
