@@ -21,21 +21,22 @@ from seedq.config.layout import LAYOUT_VERSION, migrated
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.run import (
     ACTOR_PRECISIONS, AGENTS, ARCHITECTURES, DEFAULT_DECAY_FRAMES, PRECISIONS, QuantConfig, TrainConfig,
-    agent_config_for_run, defaults_for,
+    agent_config_for_run, defaults_for, is_pixel_observation,
 )
 from seedq.config.server import (
-    BATCHING_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
+    BATCHING_RULES, QUEUE_FULL_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
     check_batching_rule,
 )
 from seedq.config.tracking import WandbConfig
-from seedq.config.vtrace import CONTINUOUS_VTRACE, LAYER_NORM_MODES, VTraceConfig
+from seedq.config.vtrace import CONTINUOUS_VTRACE, LAYER_NORM_MODES, PIXEL_VTRACE, VTraceConfig
 
 __all__ = [
     "ACTOR_PRECISIONS", "AGENTS", "ARCHITECTURES", "BATCHING_RULES", "CONTINUOUS_VTRACE", "DEFAULT_DECAY_FRAMES",
-    "LAYER_NORM_MODES", "LAYOUT_VERSION", "NETWORK_CHOICES", "PRECISIONS",
+    "LAYER_NORM_MODES", "LAYOUT_VERSION", "NETWORK_CHOICES", "PIXEL_VTRACE", "PRECISIONS", "QUEUE_FULL_RULES",
     "ActorChannelConfig", "ActorTlsConfig", "AtariConfig", "AuthConfig", "DevicesConfig", "DistributedConfig",
     "DmcConfig", "EnvOptions", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
     "VTraceConfig", "WandbConfig",
     "agent_config_for_run", "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
+    "is_pixel_observation",
     "load", "migrated", "read_json", "save", "saved_dict", "to_dict", "updated",
 ]
