@@ -40,11 +40,11 @@ import sys
 import threading
 from typing import Any, Callable
 
-from seedq import lifetime
+from seedq import exit_codes, lifetime
 from seedq.config import DistributedConfig
 
 # Exit status of a learner process whose group lost a member.
-DEAD_PEER_EXIT_CODE = 3
+DEAD_PEER_EXIT_CODE = exit_codes.PEER_LOST
 # JAX's cluster environments seedq lets auto-detection use (jax._src.clusters
 # names): Cloud TPU VMs (GCE metadata) and TPU pods on GKE (TPU_WORKER_HOSTNAMES
 # / TPU_PROCESS_ADDRESSES). JAX's plain Kubernetes, Slurm and Open MPI

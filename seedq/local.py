@@ -74,27 +74,23 @@ def local_channel_config(config: TrainConfig) -> config_lib.ActorChannelConfig:
     )
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a preempted VM, a deleted pod): stop like Ctrl-C, then exit 0."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    # Once: a second SIGTERM must not interrupt the final checkpoint.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated()
-
-
 class _GroupStopRequest:
-    """SIGTERM / SIGINT in a learner group: remembered ("terminated" /
-    "interrupted", the first one), for the reporter to ask the group to stop."""
+    """SIGTERM / SIGINT: remembered ("terminated" / "interrupted", the first
+    one) for the reporter, which stops between two polls (a group: asks the
+    group to stop). Nothing is raised into whatever the main thread is doing
+    (a checkpoint, a TensorBoard write); a second Ctrl-C does raise, for a
+    learner still starting up."""
 
-    def __init__(self):
+    def __init__(self, action: str = "asking the learner group to stop"):
         self._reason: str | None = None
+        self._action = action
 
     def handler(self, signum, frame) -> None:
         if self._reason is None:
             self._reason = "terminated" if signum == signal.SIGTERM else "interrupted"
-            print(f"\n{self._reason}: asking the learner group to stop", flush=True)
+            print(f"\n{self._reason}: {self._action}", flush=True)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
 
     def reason(self) -> str | None:
         return self._reason
@@ -180,11 +176,11 @@ def train(
     # A group stops together: SIGTERM and Ctrl-C on one process are a stop
     # request the group decides on (every process then checkpoints the same
     # step), not an exception that would leave this one saving alone.
-    group_stop = _GroupStopRequest()
+    group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
+        "stopping actors and saving what was collected")
     if threading.current_thread() is threading.main_thread():
-        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler if group.multi else _raise_terminated)
-        if group.multi:
-            previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
+        previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
     try:
         learner = Learner(config, address, group, spec=spec, agent=agent)
         resumed = resumed_from = None
@@ -202,8 +198,8 @@ def train(
             group=group, stop_requested=group_stop.reason,
         )
         stop_reason = reporter.run_until_done(actors)
-    except KeyboardInterrupt as e:
-        stop_reason = "terminated" if isinstance(e, Terminated) else "interrupted"
+    except KeyboardInterrupt:  # a second Ctrl-C (the first is a stop request)
+        stop_reason = group_stop.reason() or "interrupted"
         if not quiet:
             print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
     finally:
@@ -214,8 +210,6 @@ def train(
         stop_processes(actors)
         if learner is not None:
             learner.stop()
-        if address.startswith("unix:") and os.path.exists(address[5:]):
-            os.unlink(address[5:])
     summary = reporter.finish(stop_reason) if reporter is not None else None
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)

@@ -179,12 +179,14 @@ class CheckpointBackend:
         return np.asarray(actions), {k: np.asarray(v) for k, v in state.items()}
 
 
-def load_policy(path: str | os.PathLike, *, precision: str | None = None) -> Policy:
+def load_policy(path: str | os.PathLike, *, precision: str | None = None, env: str | None = None) -> Policy:
     """The policy at `path`: a run directory (its newest checkpoint), a
     checkpoint step directory (`RUN/checkpoints/step_*`), or a directory
     written by `seedq export`. `precision` (fp32, bf16, int8) overrides a
-    checkpoint's inference precision. ValueError in one line where `path` is
-    none of these."""
+    checkpoint's inference precision. `env` is needed for a checkpoint whose
+    env id imports or calls code (`factory:...`, `module:Env`): the same id,
+    given when you trust it. ValueError in one line where `path` is none of
+    these."""
     path = os.fspath(path)
     from seedq.export import is_export_dir, open_export
 
@@ -193,9 +195,9 @@ def load_policy(path: str | os.PathLike, *, precision: str | None = None) -> Pol
             raise ValueError(f"{path}: an exported policy keeps the precision it was exported at")
         backend, info = open_export(path)
         return Policy(backend, PolicyInfo(**info))
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
-    loaded = evaluation.load_policy(path, precision=precision)
+    loaded = evaluation.load_policy(path, precision=precision, env=env)
     config = loaded.config
     backend = CheckpointBackend(loaded.policy.precision, loaded.policy.params, seed=config.eval_seed)
     info = PolicyInfo(config.env, config.env_options, loaded.policy.precision.spec, loaded.checkpoint,

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
+import time
 
 import grpc
 import numpy as np
@@ -119,3 +121,125 @@ def test_a_handshake_past_max_envs_is_refused_while_the_first_stream_is_served(t
         first.close()
         second.close()
         learner.stop()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.e2e
+def test_a_thousand_handshakes_of_distinct_ids_leave_memory_and_compiled_programs_bounded(tmp_path):
+    """Every new actor id may connect, but what it leaves behind is bounded:
+    slots return to the budget, and requests of any size (past the largest
+    bucket too) run on the programs compiled for the buckets."""
+    from seedq.learner.learner import Learner
+
+    config = dataclasses.replace(
+        TrainConfig(), env="CartPole-v1",
+        vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4),
+        server=dataclasses.replace(ServerConfig(), max_envs=2048, max_batch_size=64),
+    )
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    address = learner.start(train=False)
+    sizes = [1, 7, 64, 65, 300, 1000]  # within, at and past the largest bucket (64)
+    try:
+        def connect_and_step(i: int, num_envs: int) -> None:
+            stream = RawStream(address)
+            try:
+                stream.handshake(f"actor-{i}-{'x' * 100}", num_envs)
+                assert stream.step(num_envs).shape == (num_envs,)
+            finally:
+                stream.close()
+
+        for i, n in enumerate(sizes):  # every bucket that these sizes use, compiled once
+            connect_and_step(i, n)
+        compiled, rss_before = learner.inference.stats.compiles, _rss_bytes()
+        for i in range(1000):
+            connect_and_step(len(sizes) + i, sizes[i % len(sizes)])
+        compiles_after, rss_after = learner.inference.stats.compiles, _rss_bytes()
+        deadline = time.monotonic() + 30
+        while learner.table.num_connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        learner.stop()
+    assert compiled <= len(learner.inference.buckets)  # never one for a size past the largest
+    assert compiles_after == compiled
+    assert learner.table.num_slots <= 2048 and learner.table.num_connected == 0
+    assert learner.table.runs_started == len(sizes) + 1000
+    print(f"1,000 handshakes: compiled programs {compiled} -> {compiles_after}; "
+          f"RSS {rss_before / 2**20:.0f} MiB -> {rss_after / 2**20:.0f} MiB; slots {learner.table.num_slots}")
+    assert rss_after - rss_before < 64 << 20
+
+
+@pytest.mark.e2e
+def test_a_compile_runs_off_the_event_loop_which_keeps_serving(tmp_path, monkeypatch):
+    """While a batch size compiles, the server thread's event loop still
+    answers health checks (kubelet probes) and runs the idle watchdog."""
+    import threading
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from seedq.learner.learner import Learner
+    from seedq.rollout.core import ActingCore
+
+    compiling, release = threading.Event(), threading.Event()
+    real_warm_up = ActingCore.warm_up
+
+    def slow_warm_up(self, *args):
+        compile_program = real_warm_up(self, *args)
+
+        def held():
+            compiling.set()
+            release.wait(60)
+            compile_program()
+        return held
+
+    monkeypatch.setattr(ActingCore, "warm_up", slow_warm_up)
+    config = dataclasses.replace(TrainConfig(), env="CartPole-v1",
+                                 vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4))
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    address = learner.start(train=False)
+    stream = RawStream(address)
+    try:
+        stepped = threading.Thread(target=lambda: (stream.handshake("a", 4), stream.step(4)), daemon=True)
+        stepped.start()
+        assert compiling.wait(60)
+        with grpc.insecure_channel(address) as ch:  # answered while the compile is held
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        release.set()
+        stepped.join(60)
+        assert not stepped.is_alive()
+    finally:
+        release.set()
+        stream.close()
+        learner.stop()
+
+
+@pytest.mark.unit
+def test_an_actor_refused_for_a_full_budget_says_why_once_and_retries(capsys):
+    """Unlike a message over the size limit, a full slot budget frees up: the
+    actor waits and tries again (and so after a learner failure)."""
+    import asyncio
+
+    from seedq.actor.seed_actor import FatalActorError, run_actor
+
+    def rpc_error(code, details):
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+    full = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{codec.SLOT_BUDGET_MARKER}: 64 of 64 in use")
+    failed = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{codec.LEARNER_FAILED_MARKER} (ValueError: x) and is stopping")
+    outcomes = [full, full, full, failed, failed,
+                rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max")]
+    calls = []
+
+    async def connection(*args, **kwargs):
+        calls.append(1)
+        raise outcomes[len(calls) - 1]
+
+    with pytest.raises(FatalActorError, match="larger than max"):
+        asyncio.run(run_actor("unix:/nonexistent.sock", "CartPole-v1", 1, actor_id="a", connection=connection))
+    assert len(calls) == len(outcomes)  # retried through both, fatal on the oversized message
+    err = capsys.readouterr().err
+    assert err.count(codec.SLOT_BUDGET_MARKER) == 1 and err.count(codec.LEARNER_FAILED_MARKER) == 1, err

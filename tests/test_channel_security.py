@@ -153,17 +153,34 @@ def test_a_token_in_clear_is_allowed_with_one_warning(caplog):
 
 
 @pytest.mark.e2e
-def test_learner_on_a_public_address_without_credentials_refuses_to_start(tmp_path):
+@pytest.mark.parametrize("tls", [False, True], ids=["no credentials", "server-only TLS"])
+def test_learner_on_a_public_address_without_client_authentication_refuses_to_start(tmp_path, pki, tls):
     port = free_port()
+    credentials = ["--tls.cert", pki["server.pem"], "--tls.key", pki["server-key.pem"]] if tls else []
     result = subprocess.run([*SEEDQ, "learner", "--address", f"0.0.0.0:{port}", "--logdir",
-                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
+                             str(tmp_path / "run"), *credentials], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2  # a usage error: the same command fails the same way again
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert f"refusing to serve 0.0.0.0:{port} without client authentication" in lines[0]
+    assert "--tls.client-ca" in lines[0] and "--auth.token-file" in lines[0]
     assert "--insecure" in lines[0] and "Traceback" not in result.stderr
     with socket.socket() as s:  # it never listened
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.e2e
+def test_server_only_tls_with_a_token_starts(tmp_path, pki):
+    port = free_port()
+    log = tmp_path / "learner.log"
+    proc = subprocess.Popen(
+        [*SEEDQ, "learner", "--address", f"0.0.0.0:{port}", "--logdir", str(tmp_path / "run"),
+         "--tls.cert", pki["server.pem"], "--tls.key", pki["server-key.pem"], "--auth.token-file", pki["token"],
+         "--eval-episodes", "0"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "learner listening on" in _text(log), 120, "the learner to listen", proc, log)
+    finally:
+        stop(proc)
 
 
 # --- the interceptor, the health service, the unix socket: a real server in this process ---
@@ -471,7 +488,7 @@ def test_mutual_tls_refuses_actors_without_a_trusted_client_certificate(tmp_path
         learner.wait(timeout=120)
     finally:
         stop(learner, good, *refused.values())
-    assert learner.returncode == 0, _text(log)  # SIGTERM: checkpoint, then exit 0
+    assert learner.returncode == 143, _text(log)  # SIGTERM: checkpoint, then exit 143 (restart me)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "terminated" and summary["frames"] > 20000
     assert os.path.isdir(summary["checkpoint"]) and summary["train_steps"] > 0

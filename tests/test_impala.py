@@ -451,3 +451,78 @@ def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
     _, actor_dist, _, _ = actor_agent.act(params, rng, obs, first, {}, {})
     assert np.abs(np.asarray(learner_dist["mean"])).max() <= 2.0
     np.testing.assert_allclose(actor_dist["mean"], learner_dist["mean"], rtol=1e-6)
+
+
+# --- what a learner's handshake reply can make an actor do ------------------------------
+
+
+class _FakeImpalaLearner(seed_pb2_grpc.LearnerServicer):
+    """Answers a PushUnrolls handshake with the config it is given, then waits."""
+
+    def __init__(self, config: dict):
+        self.config_json = json.dumps(config)
+
+    async def PushUnrolls(self, request_iterator, context):
+        await request_iterator.__anext__()
+        yield seed_pb2.UnrollAck(policy_version=0, learner_run="fake", config_json=self.config_json)
+        async for _ in request_iterator:
+            pass
+
+
+def _connect_to_fake_learner(tmp_path, config: dict):
+    """Runs one IMPALA actor connection (CartPole-v1, 2 envs) against a fake
+    learner; returns the FatalActorError it ends with, or None."""
+    import asyncio
+
+    from seedq.actor.seed_actor import ActorStats, FatalActorError
+    from seedq.envs import make_vector_env
+    from seedq.impala.actor import serve_connection
+
+    async def main():
+        server = grpc.aio.server()
+        seed_pb2_grpc.add_LearnerServicer_to_server(_FakeImpalaLearner(config), server)
+        address = f"unix:{tmp_path}/fake.sock"
+        server.add_insecure_port(address)
+        await server.start()
+        env = make_vector_env("CartPole-v1", 2)
+        spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
+        try:
+            async with grpc.aio.insecure_channel(address) as ch:
+                await asyncio.wait_for(serve_connection(
+                    seed_pb2_grpc.LearnerStub(ch), env, spec, actor_id="a", num_envs=2, env_id="CartPole-v1",
+                    seed=0, stats=ActorStats()), timeout=60)
+        except FatalActorError as e:
+            return e
+        finally:
+            env.close()
+            await server.stop(None)
+
+    return asyncio.run(main())
+
+
+def test_a_learner_naming_a_factory_env_makes_the_impala_actor_import_or_call_nothing(tmp_path, monkeypatch):
+    import importlib
+    import os
+
+    import seedq.envs
+
+    calls = []
+    monkeypatch.setattr(os, "abort", lambda: calls.append("os.abort"))
+    monkeypatch.setattr(seedq.envs, "_factory", lambda env_id: calls.append(env_id))
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: calls.append(name) if name == "os" else real_import(name, *a))
+    config = {**json.loads(json.dumps(dataclasses.asdict(TrainConfig(architecture="impala")))),
+              "env": "factory:os:abort"}
+    refused = _connect_to_fake_learner(tmp_path, config)
+    assert calls == []
+    assert refused is not None and "'factory:os:abort'" in str(refused) and "--env" in str(refused)
+
+
+def test_a_newer_learners_unknown_config_fields_are_left_out_not_fatal():
+    from seedq.impala.actor import learner_config
+
+    config = dataclasses.asdict(TrainConfig(architecture="impala", env="CartPole-v1"))
+    config["a_field_from_the_future"] = 1
+    config["vtrace"]["another_one"] = "x"
+    assert learner_config(json.dumps(config), "CartPole-v1").env == "CartPole-v1"

@@ -82,6 +82,24 @@ def test_every_render_validates_strictly_for_kubernetes_1_30(renders):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
 
 
+@pytest.mark.unit
+def test_the_learner_job_restarts_after_a_disruption_or_sigterm_without_spending_its_backoff(renders):
+    """A drained node or a preemption (DisruptionTarget) and a learner stopped
+    by SIGTERM after its checkpoint (exit 143) are replaced without counting;
+    a usage error (exit 2) fails the Job; exit 0 (stop condition met) completes."""
+    from seedq import exit_codes
+
+    for name, docs in renders.items():
+        job = next(d for d in docs if d["kind"] == "Job")
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        by_code = {code: rule["action"] for rule in rules if "onExitCodes" in rule
+                   for code in rule["onExitCodes"]["values"]}
+        assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+        assert by_code == {exit_codes.TERMINATED: "Ignore", exit_codes.INTERRUPTED: "Ignore",
+                           exit_codes.USAGE: "FailJob"}, name
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
 @pytest.mark.e2e
 def test_committed_examples_validate_with_the_cli_and_are_fresh():
     for name, text in k8s.example_files().items():

@@ -1,5 +1,5 @@
 """Preemption and restarts (issue 14): `--config RUN.json` layering, `--resume
-auto`, and SIGTERM to a training learner (checkpoint, exit 0) followed by a
+auto`, and SIGTERM to a training learner (checkpoint, exit 143) followed by a
 restart with `--resume auto` that continues the run."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from seedq import cli
+from seedq import cli, exit_codes
 
 SEEDQ = [sys.executable, "-m", "seedq.cli"]
 
@@ -86,7 +86,7 @@ def _train_steps(log) -> int:
 
 
 @pytest.mark.e2e
-def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
+def test_sigterm_checkpoints_and_exits_143_then_resume_auto_continues(tmp_path):
     run, log = tmp_path / "run", tmp_path / "first.log"
     # No periodic checkpoints: the only checkpoint is the one SIGTERM causes.
     first = subprocess.Popen(
@@ -108,7 +108,8 @@ def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
-    assert first.returncode == 0, log.read_text()
+    # Non-zero, so that a supervisor (a Kubernetes Job) starts the run again.
+    assert first.returncode == exit_codes.TERMINATED == 143, log.read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "terminated" and summary["train_steps"] >= 50, summary
     assert summary["checkpoint"].endswith(f"step_{summary['train_steps']:09d}")
@@ -124,6 +125,6 @@ def test_sigterm_checkpoints_and_exits_0_then_resume_auto_continues(tmp_path):
     assert resumed["segments"] == 2 and resumed["resumed_from"] == summary["checkpoint"]
     assert resumed["stop_reason"] == "max_frames" and resumed["frames"] >= max_frames
     assert resumed["train_steps"] > summary["train_steps"]
-    print(f"SIGTERM at {summary['train_steps']} train steps / {summary['frames']:,} frames -> rc 0, "
+    print(f"SIGTERM at {summary['train_steps']} train steps / {summary['frames']:,} frames -> rc 143, "
           f"{os.path.basename(summary['checkpoint'])}; resumed to {resumed['frames']:,} frames, "
           f"{resumed['train_steps']} steps, segments {resumed['segments']}")

@@ -338,6 +338,38 @@ def test_patches_conv_equals_lax_conv_on_float_layer():
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
 
 
+class _Recorder:
+    """An input observer (seedq.agents.inputs.InputObserver) that lists what it saw."""
+
+    def __init__(self):
+        self.seen = []
+
+    def saw_pixels(self, scaled, raw, scale):
+        self.seen.append(("pixels", raw.dtype, scaled.dtype, scale))
+
+    def saw_observation(self, x):
+        self.seen.append(("observation", x.dtype))
+
+
+@pytest.mark.unit
+def test_the_networks_input_hooks_report_to_the_registered_observer_only():
+    from seedq.agents.networks import MLPTorso, NatureCNN
+
+    frames = np.zeros((1, 84, 84, 4), np.uint8)
+    vectors = np.zeros((1, 6), np.float32)
+    cnn_params = jax.eval_shape(NatureCNN().init, jax.random.PRNGKey(0), frames)
+    mlp_params = jax.eval_shape(MLPTorso((8,)).init, jax.random.PRNGKey(0), vectors)
+    recorder = _Recorder()
+    with inputs.observed_by(recorder):
+        jax.eval_shape(NatureCNN().apply, cnn_params, frames)
+        jax.eval_shape(MLPTorso((8,)).apply, mlp_params, vectors)
+    assert recorder.seen == [("pixels", np.uint8, np.float32, 1.0 / 255.0), ("observation", np.float32)]
+    jax.eval_shape(NatureCNN().apply, cnn_params, frames)  # outside the context: nobody is told
+    assert len(recorder.seen) == 2
+    x = jnp.arange(3.0)
+    assert inputs.observation_input(x) is x
+
+
 @pytest.mark.unit
 def test_uint8_pixels_are_used_exactly():
     """A conv fed by scale_pixels computes with the raw integers (scale 1/255), no re-quantization."""

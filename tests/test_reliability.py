@@ -374,3 +374,34 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
         if not out.exists():
             os.kill(child_pid, signal.SIGKILL)
     assert outcomes == {"ask": "SIGTERM", "do-not-ask": "running"}
+
+
+@pytest.mark.e2e
+def test_an_inference_failure_ends_the_run_with_learner_error_and_exit_1(tmp_path, monkeypatch, capsys):
+    """A batch that fails once would fail again: the learner stops rather than
+    answering INTERNAL for ever; summary.json names the error; exit 1."""
+    from seedq import cli, exit_codes
+    from seedq.server.inference import InferenceServer
+
+    real_infer = InferenceServer._infer
+    batches, failed_at = [0], []
+
+    def infer(self, batch, greedy=False):
+        batches[0] += 1
+        if batches[0] == 200:
+            failed_at.append(time.monotonic())
+            raise FloatingPointError("injected: the inference device failed")
+        return real_infer(self, batch, greedy)
+
+    monkeypatch.setattr(InferenceServer, "_infer", infer)
+    run = tmp_path / "run"
+    code = cli.main(["train", "--env", "CartPole-v1", "--logdir", str(run), "--max-seconds", "300",
+                     "--target-return", "none", "--eval-episodes", "0", "--log-every-seconds", "0.5", "--quiet"])
+    ended = time.monotonic()
+    summary = json.loads((run / "summary.json").read_text())
+    assert code == exit_codes.RUNTIME_FAILURE == 1
+    assert summary["stop_reason"] == "learner_error"
+    assert summary["error"] == "FloatingPointError: injected: the inference device failed"
+    assert "learner failed: FloatingPointError" in capsys.readouterr().err
+    print(f"inference failure -> exit {code}, stop_reason {summary['stop_reason']}, "
+          f"{ended - failed_at[0]:.1f}s from the failure to the learner's exit")

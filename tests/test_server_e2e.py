@@ -513,11 +513,12 @@ def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
         old_entry = connected_entry(learner, "b")
         wait_until(lambda: list(learner.inference.store.partial_steps(old_entry.slots)) == [3, 3],
                    "b/r1's steps in the store")
-        # More envs after the restart: the old block cannot be reused for it.
+        # More envs after the restart: the new block may grow over the old one
+        # (the env table keeps slots within its budget); either way the old
+        # run's partial unrolls are gone from those slots.
         new = raw.RawStream(address, timeout=WAIT_SECONDS)
         new.handshake("b", "r2", 7)
-        new_entry = connected_entry(learner, "b")
-        assert not set(new_entry.slots) & set(old_entry.slots)
+        assert connected_entry(learner, "b").run_id == "r2"
         np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [0, 0])
     finally:
         old.close()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from seedq.bench import references, suite
-from seedq.config import TrainConfig, from_dict
+from seedq.config import TrainConfig, from_saved
 
 
 @pytest.mark.unit
@@ -168,8 +168,8 @@ def _suite_with_a_run_in_progress(tmp_path):
 def _assert_stopped_resumable(run_dir):
     assert _processes_mentioning(str(run_dir)) == []
     saved = json.loads((run_dir / "config.json").read_text())
-    assert suite.resumable(from_dict(TrainConfig, saved))
-    assert not suite.finished(from_dict(TrainConfig, saved))
+    assert suite.resumable(from_saved(saved))
+    assert not suite.finished(from_saved(saved))
 
 
 @pytest.mark.e2e
@@ -259,14 +259,14 @@ def _job(tmp_path, name: str, code: str):
 @pytest.mark.timeout(60)
 def test_run_jobs_runs_them_side_by_side_and_a_failure_stops_the_rest(tmp_path):
     """Two jobs at once: the first to fail gets named with its output, the
-    other is passed SIGTERM (and, like a training run, ends cleanly), the
-    third never starts."""
+    other is passed SIGTERM (and, like a training run, checkpoints and exits
+    143), the third never starts."""
     from seedq.bench import compare
 
     both_up = tmp_path / "b.up"
     stopper = (
         "import signal, sys, time, pathlib\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(r'%s').write_text('term'), sys.exit(0)))\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(r'%s').write_text('term'), sys.exit(143)))\n"
         "pathlib.Path(r'%s').write_text('up')\n"
         "time.sleep(50)\n" % (tmp_path / "b.term", both_up)
     )
@@ -280,7 +280,7 @@ def test_run_jobs_runs_them_side_by_side_and_a_failure_stops_the_rest(tmp_path):
                          on_finish=lambda j: finished.append(j.payload), poll_seconds=0.05)
     assert started == ["a", "b"]  # c was never started
     assert (tmp_path / "b.term").read_text() == "term"
-    assert finished == ["b"]  # it exited 0 after the stop; the caller checks whether it was done
+    assert finished == ["b"]  # it exited 143 after the stop; the caller checks whether it was done
 
 
 @pytest.mark.unit

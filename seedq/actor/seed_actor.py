@@ -61,6 +61,12 @@ def slots_full(error: grpc.aio.AioRpcError) -> bool:
         codec.SLOT_BUDGET_MARKER)
 
 
+def learner_failed(error: grpc.aio.AioRpcError) -> bool:
+    """The learner stopped on a failure (docs/wire.md): reconnect to its restart."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and (error.details() or "").startswith(
+        codec.LEARNER_FAILED_MARKER)
+
+
 class FatalActorError(RuntimeError):
     """The learner refused this actor for a reason reconnecting will not fix."""
 
@@ -234,7 +240,7 @@ async def run_actor(
     spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
     attempt = suspected_in_a_row = 0
-    told_slots_full = False
+    told: set[str] = set()  # refusals already printed (each once)
     try:
         metadata = channel_lib.call_metadata(channel_config)
         async with channel_lib.open_channel(channel_target(address), channel_config) as channel:
@@ -250,11 +256,12 @@ async def run_actor(
                         skip_seconds=stats_skip_seconds,
                     )
                 except grpc.aio.AioRpcError as e:
-                    if slots_full(e):
-                        # Slots free as other actors leave: wait, saying why once.
-                        if not told_slots_full:
+                    if slots_full(e) or learner_failed(e):
+                        # Slots free as other actors leave; a failed learner is
+                        # restarted by its supervisor: wait, saying why once.
+                        if e.details() not in told:
                             print(f"actor {actor_id}: {e.details()}", file=sys.stderr, flush=True)
-                            told_slots_full = True
+                            told.add(e.details())
                     elif e.code() in FATAL_CODES:
                         raise FatalActorError(f"learner refused actor {actor_id}: {e.details()}") from None
                     refused = channel_lib.auth_failure(e)

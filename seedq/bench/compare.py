@@ -36,7 +36,7 @@ import typing
 
 import numpy as np
 
-from seedq import extras
+from seedq import exit_codes, extras
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
 
@@ -209,8 +209,9 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     the same way, with SIGTERM (a stopped training run saves a checkpoint, so a
     rerun continues it), and RuntimeError names it with the end of its output;
     so does a job past its `timeout_seconds`. `on_start(job)` and
-    `on_finish(job)` (exit 0, also after a stop: a stopped `seedq train` exits 0
-    with stop_reason "terminated") are called in this thread.
+    `on_finish(job)` (exit 0, or after a stop the exit status of a stopped
+    `seedq train`: 143 for SIGTERM, 130 for SIGINT, with stop_reason
+    "terminated") are called in this thread.
     (A process pool of the standard library would run Python callables, not
     commands with their own process groups and this stop protocol.)
     """
@@ -236,7 +237,9 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     def reap(proc: subprocess.Popen) -> None:
         job, log_file, _ = running.pop(proc)
         log_file.close()
-        if proc.returncode == 0:
+        stopped = (received or proc in signalled) and proc.returncode in (
+            exit_codes.TERMINATED, exit_codes.INTERRUPTED)
+        if proc.returncode == 0 or stopped:  # (a run we stopped checkpointed and exited 143)
             on_finish(job)
         elif not received and proc not in signalled:
             failed.append((job, f"failed (exit {proc.returncode})"))

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from seedq import config as config_lib
+from seedq import exit_codes
 from seedq.cli.common import HelpFormatter
 from seedq.config import TrainConfig
 from seedq.flags import add_config_flags, config_from_args
@@ -128,10 +129,10 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
     except (FileNotFoundError, OSError) as e:
         print(f"seedq {args.command}: {e.args[0] if isinstance(e, FileNotFoundError) else e}",
               file=sys.stderr)
-        return 1
+        return exit_codes.RUNTIME_FAILURE
     except (ValueError, TypeError) as e:
         print(f"seedq {args.command}: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     config = prepared.config
     if args.command == "learner" and not config.address:
         print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
@@ -164,11 +165,15 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
             prepared, quiet=args.quiet, started=started,
             with_actors=args.command == "train", resume=resume,
         )
+    except exit_codes.UsageError as e:  # refused before starting (credentials, ...)
+        print(f"seedq {args.command}: {e}", file=sys.stderr)
+        return exit_codes.USAGE
     except (ValueError, OSError) as e:
         print(f"seedq {args.command}: {e}", file=sys.stderr)
-        return 1
+        return exit_codes.RUNTIME_FAILURE
     except distributed.PeerLost as e:  # a group member stopped answering
         print(f"seedq {args.command}: {e}", file=sys.stderr)
-        return distributed.DEAD_PEER_EXIT_CODE
-    # SIGTERM (stop_reason "terminated") is a clean stop: checkpointed, exit 0.
-    return {"actors_exited": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
+        return exit_codes.PEER_LOST
+    # SIGTERM before the stop condition exits 143 (checkpointed), so that a
+    # supervisor (a Kubernetes Job) starts the run again; see seedq.exit_codes.
+    return exit_codes.for_stop_reason(summary["stop_reason"])

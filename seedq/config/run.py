@@ -12,6 +12,7 @@ from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.server import AuthConfig, ServerConfig, TlsConfig
+from seedq.config.tracking import WandbConfig
 from seedq.config.vtrace import CONTINUOUS_VTRACE, PIXEL_VTRACE, VTraceConfig
 
 
@@ -107,6 +108,7 @@ class TrainConfig:
     r2d2: R2D2Config = R2D2Config()
     devices: DevicesConfig = DevicesConfig()
     distributed: DistributedConfig = DistributedConfig()
+    wandb: WandbConfig = WandbConfig()
 
     def validate(self) -> None:
         """Raises ValueError naming the first field that is out of range: each

@@ -56,6 +56,13 @@ DMC_PREFIX = "dmc:"
 FACTORY_PREFIX = "factory:"
 
 
+def names_code(env_id: str) -> bool:
+    """Whether making `env_id` imports a module it names or calls a function
+    (`factory:<module>:<function>`, gymnasium's `module:Env-v0`): such an id
+    from a file or a peer is code to run, taken only when a user gives it."""
+    return env_id.startswith(FACTORY_PREFIX) or (":" in env_id and not env_id.startswith(DMC_PREFIX))
+
+
 def _register_ale() -> None:
     try:
         import ale_py

@@ -77,6 +77,53 @@ class UnrollBuilder:
         return out
 
 
+def learner_config(config_json: str, env_id: str):
+    """The learner's run config as this actor acts with it: numbers and names
+    only. Its env id is not used (one can name code to import or call:
+    `factory:<module>:<function>`, gymnasium's `module:Env`); it must equal
+    this actor's own `--env`, or the actor stops with one line."""
+    import seedq
+    from seedq import config as config_lib
+
+    data = json.loads(config_json)
+    if data.get("env") != env_id:
+        raise FatalActorError(
+            f"the learner trains on {data.get('env')!r}, this actor runs {env_id!r}: start it with the "
+            f"learner's env (--env); an actor never takes the env from the learner")
+    # A newer learner's fields this seedq does not know are left out (a
+    # network they change shows as a parameter mismatch at the first pull).
+    known, dropped = known_fields(config_lib.TrainConfig, data)
+    if dropped:
+        log.warning("the learner's config has fields this seedq does not know (ignored): %s", ", ".join(dropped))
+    try:
+        config = config_lib.from_saved(known)
+    except (ValueError, TypeError) as e:
+        raise FatalActorError(f"the learner's config does not fit this seedq {seedq.__version__}: {e}") from None
+    if config.env != env_id:
+        raise FatalActorError(
+            f"the learner trains on {config.env!r}, this actor runs {env_id!r}: start it with the "
+            f"learner's env (--env); an actor never takes the env from the learner")
+    return config
+
+
+def known_fields(cls, data: dict, where: str = "") -> tuple[dict, list[str]]:
+    """(`data` without the keys `cls`, a config dataclass, lacks, nested; their dotted names)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    known, dropped = {}, []
+    for name, value in data.items():
+        if name not in hints:
+            dropped.append(where + name)
+        elif dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            known[name], more = known_fields(hints[name], value, f"{where}{name}.")
+            dropped += more
+        else:
+            known[name] = value
+    return known, dropped
+
+
 def acting_for(config):
     """(agent, its precision mode) as actors run them: the learner's agent at
     the actor precision, built from the spec the learner builds it from. Not
@@ -147,8 +194,6 @@ async def serve_connection(
     """One PushUnrolls stream: handshake, then act locally and push unrolls until it breaks."""
     import jax
 
-    from seedq import config as config_lib
-
     run_id = uuid.uuid4().hex
     call = stub.PushUnrolls()
     try:
@@ -157,7 +202,7 @@ async def serve_connection(
         ack = await call.read()
         if ack is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
-        config = config_lib.from_dict(config_lib.TrainConfig, json.loads(ack.config_json))
+        config = learner_config(ack.config_json, env_id)
         from seedq.rollout.core import training_reward_clip
 
         agent, precision = acting_for(config)

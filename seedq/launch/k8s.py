@@ -42,7 +42,7 @@ extras.require("launch", "yaml")
 
 import yaml  # noqa: E402
 
-from seedq import channel
+from seedq import channel, exit_codes
 from seedq import config as config_lib
 from seedq.config import TrainConfig
 from seedq.launch.options import K8sOptions
@@ -277,14 +277,30 @@ def learner_job(config: TrainConfig, opts: K8sOptions) -> dict:
             "completions": hosts,
             "parallelism": hosts,
             "backoffLimit": 20,
-            # A pod lost to preemption, node shutdown or eviction is replaced without
-            # counting as a failure; the new pod continues the run (--resume auto).
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
+            "podFailurePolicy": learner_failure_policy(),
             "template": {"metadata": {"labels": _labels(opts, "learner")}, "spec": pod_spec},
         },
     }
+
+
+def learner_failure_policy() -> dict:
+    """How the learner Job treats a pod that ended (seedq.exit_codes):
+
+    * preempted, evicted or its node drained (the DisruptionTarget condition),
+      or stopped by SIGTERM / SIGINT after its checkpoint (exit 143 / 130, e.g.
+      `kubectl delete pod`): replaced without counting against backoffLimit;
+      the new pod continues the run (--resume auto);
+    * a usage or config error (exit 2): the Job fails at once, since every
+      retry would fail the same way;
+    * anything else (1: a runtime failure, 3: a lost group member) counts
+      against backoffLimit and is retried.
+    Exit 0 (the run met its stop condition) completes the pod's index."""
+    learner = {"containerName": "learner", "operator": "In"}
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {**learner, "values": [exit_codes.USAGE]}},
+        {"action": "Ignore", "onExitCodes": {**learner, "values": [exit_codes.INTERRUPTED, exit_codes.TERMINATED]}},
+    ]}
 
 
 def actor_replicas(num_actors: int, hosts: int) -> list[int]:

@@ -444,7 +444,7 @@ class Learner:
             last_train_step_at=last_step, max_train_step_gap=max_gap,
             max_train_step_gap_ended_at=max_gap_ended, long_train_step_gaps=long_gaps,
             publishes=publishes, publish_seconds_total=publish_seconds,
-            waiting_for_actors=self.waiting_for_actors, error=self.error, lag=lag,
+            waiting_for_actors=self.waiting_for_actors, error=self.error or self.inference.failure, lag=lag,
             inference_batches=inference.batches, mean_inference_batch=inference.mean_batch_size(),
             inference_compiles=inference.compiles, latency_count=latency_count,
             batching=self.inference.batching.choice, greedy_batches=inference.greedy_batches,
@@ -490,7 +490,7 @@ class Learner:
             },
             episode_window={"returns": returns, "lengths": lengths},
             target=target,
-            config=config_lib.to_dict(self.config),
+            config=config_lib.saved_dict(self.config),
             replay=self.replay_checkpoint(),
         )
 

@@ -97,6 +97,7 @@ class RunReporter:
         self.last_checkpoint: str | None = resumed_from
         self._checkpoint_times: collections.deque[float] = collections.deque(maxlen=100)
         self._final_checkpoint = True  # a group writes it only if every process stopped at one step
+        self.error: str | None = None  # the failure that stopped the run (stop_reason learner_error)
         self._eval_thread: threading.Thread | None = None
         self._eval_policy = None
         # (Started by `run_until_done`, stopped by `finish`.)
@@ -120,10 +121,16 @@ class RunReporter:
         while True:
             time.sleep(POLL_SECONDS)
             stats = self.learner.stats()
-            reason = self.controller.stop_reason(stats, actors_exited=all_exited(actors))
+            # A signal's stop request (SIGTERM, Ctrl-C) is taken here, between
+            # two polls, never inside a save or a TensorBoard write.
+            reason = self._stop_requested() or self.controller.stop_reason(stats, actors_exited=all_exited(actors))
             if reason == "learner_error":
-                raise RuntimeError("training thread failed") from stats.error
-            if reason == "actors_exited":
+                # Training or inference failed: the run ends now, visibly
+                # (summary.json names the error, exit 1), not idling on.
+                self.error = f"{type(stats.error).__name__}: {stats.error}"
+                print(f"learner failed: {self.error}", file=sys.stderr, flush=True)
+                return reason
+            if reason in ("actors_exited", "terminated", "interrupted"):
                 return reason
             if reason:
                 self.tick()
@@ -319,7 +326,7 @@ class RunReporter:
 
     def evaluate_now(self):
         """Evaluates the current policy (greedy, `eval_episodes` from `eval_seed`)."""
-        from seedq.evaluate import Policy, evaluate
+        from seedq.evaluation import Policy, evaluate
 
         learner = self.learner
         params = learner.published_params(learner.snapshot()[0])  # at the server's precision
@@ -358,15 +365,22 @@ class RunReporter:
         self.tensorboard.close()
 
     def finish(self, stop_reason: str) -> dict:
-        """Final checkpoint and summary.json; returns the summary."""
+        """Final checkpoint and summary.json; returns the summary.
+
+        The checkpoint comes first: under SIGTERM the grace period is short,
+        so a periodic evaluation still running is not waited for, and no
+        final evaluation runs. After a learner failure no final checkpoint is
+        written (the failed state is not trusted; the last periodic one stays)."""
         self.close_display()
-        if self._eval_thread is not None:
-            self._eval_thread.join()
+        stopping_on_signal = stop_reason in ("terminated", "interrupted")
         wall = self.elapsed()
-        if self.group.multi and not (self._group_stopped and self._final_checkpoint):
+        if stop_reason == "learner_error" or (
+                self.group.multi and not (self._group_stopped and self._final_checkpoint)):
             ckpt_dir = self.last_checkpoint  # the group cannot save one step together
         else:
             ckpt_dir = self.checkpoint(final=True)
+        if self._eval_thread is not None and not stopping_on_signal:
+            self._eval_thread.join()
         if self._checkpoints is not None:
             self._checkpoints.close()
         if self._stats_thread is not None:
@@ -379,14 +393,14 @@ class RunReporter:
             return {"stop_reason": stop_reason, "frames": stats.frames, "checkpoint": ckpt_dir,
                     "process": self.group.index}
         evaluation = None
-        if self.config.eval_episodes:
+        if self.config.eval_episodes and not stopping_on_signal and stop_reason != "learner_error":
             evaluation = self.evaluate_now().to_dict()
             evaluation["checkpoint"] = ckpt_dir
             self.tensorboard.evaluation(evaluation, stats.frames)
         summary = summary_json(
             self.config, stats, self.target, self._run_info(), stop_reason=stop_reason,
             wall_seconds=wall, segment_seconds=time.monotonic() - self.started, checkpoint=ckpt_dir,
-            evaluation=evaluation,
+            evaluation=evaluation, error=self.error,
         )
         write_json_atomically(os.path.join(self.config.logdir, "summary.json"), summary, indent=2)
         self.tensorboard.close()

@@ -276,7 +276,7 @@ def stats_json(stats: LearnerStats, run: RunInfo, *, pid: int, wall_time: float)
 def summary_json(
     config: TrainConfig, stats: LearnerStats, target: TargetRecord, run: RunInfo, *,
     stop_reason: str, wall_seconds: float, segment_seconds: float, checkpoint: str,
-    evaluation: dict | None,
+    evaluation: dict | None, error: str | None = None,
 ) -> dict:
     """The run's result (summary.json), from the learner's final snapshot."""
     return {
@@ -301,6 +301,8 @@ def summary_json(
         "frames_to_target": target.frames_to_target,
         "mean_return_at_target": target.mean_return_at_target,
         "stop_reason": stop_reason,
+        # What failed, for stop_reason learner_error (None otherwise).
+        "error": error,
         "actor_runs": stats.actor_runs_started,
         "mean_inference_batch": stats.mean_inference_batch,
         # The batcher's rule: as configured, in force at the end, and the share of batches run greedily.

@@ -150,6 +150,20 @@ class ActingCore:
         self._num_slots = -1
         self.ensure_capacity(capacity)
 
+    def warm_up(self, params, rng, obs_example: np.ndarray, size: int):
+        """A function that compiles `act`'s program for batches of `size` (a
+        call on zeros; no table is read or written by it, so another thread
+        may run it while this one serves). The arrays are made here."""
+        obs = np.zeros((size, *obs_example.shape[1:]), obs_example.dtype)
+        first = np.ones(size, bool)
+        core = {k: np.zeros((size, *v.shape[1:]), v.dtype) for k, v in self.core.items()}
+        inputs = {k: np.zeros((size, *v.shape[1:]), v.dtype) for k, v in self.inputs.items()}
+
+        def compile_program() -> None:
+            jax.block_until_ready(self._act(params, rng, obs, first, core, inputs))
+
+        return compile_program
+
     @property
     def compiles(self) -> int:
         """Programs compiled so far (one per padded batch size)."""
@@ -206,23 +220,39 @@ class ActingCore:
         return result, rng
 
     def act(self, params, version: int, rng, slots, obs, rewards, terminated, truncated,
-            *, pad_to: int | None = None):
+            *, pad_to: int | None = None, max_rows: int | None = None):
         """`step` up to the actions: books the episodes and the recurrent state,
         and returns (StepResult without unrolls, new rng, PendingRecord or None).
         `record(pending)` must follow before the next `act` on any of these
-        slots; the server answers its actors in between."""
+        slots; the server answers its actors in between. `max_rows`: more
+        envs than this run in chunks of `pad_to` rows, so the set of compiled
+        batch sizes stays the one fixed in advance however large a request."""
         n = len(slots)
         first, ended, returns, lengths = self.episodes.observe(slots, rewards, terminated, truncated)
-        size = self.padded_size(n, pad_to)
         core_before = {name: table[slots] for name, table in self.core.items()}
-        actions, outputs, new_core, rng = self._act(
-            params, rng, pad_rows(obs, size), pad_rows(first, size, fill=True),
-            {k: pad_rows(v, size) for k, v in core_before.items()},
-            {k: pad_rows(v[slots], size) for k, v in self.inputs.items()},
-        )
-        actions = np.asarray(actions)[:n]
+        inputs = {k: v[slots] for k, v in self.inputs.items()}
+        chunk = n if not max_rows or n <= max_rows else max_rows
+        parts = []
+        for start in range(0, n, chunk):
+            rows = slice(start, min(n, start + chunk))
+            m = rows.stop - rows.start
+            size = self.padded_size(m, pad_to if chunk == n else max_rows)
+            actions, outputs, new_core, rng = self._act(
+                params, rng, pad_rows(obs[rows], size), pad_rows(first[rows], size, fill=True),
+                {k: pad_rows(v[rows], size) for k, v in core_before.items()},
+                {k: pad_rows(v[rows], size) for k, v in inputs.items()},
+            )
+            parts.append((actions, outputs, new_core, m))
+        if len(parts) == 1:  # the usual case: outputs stay on the device until `record`
+            actions, outputs, new_core, _ = parts[0]
+            actions = np.asarray(actions)[:n]
+            new_core = {k: np.asarray(v)[:n] for k, v in new_core.items()}
+        else:
+            actions = np.concatenate([np.asarray(p[0])[:p[3]] for p in parts])
+            outputs = {k: np.concatenate([np.asarray(p[1][k])[:p[3]] for p in parts]) for k in parts[0][1]}
+            new_core = {k: np.concatenate([np.asarray(p[2][k])[:p[3]] for p in parts]) for k in parts[0][2]}
         for name, table in self.core.items():
-            table[slots] = np.asarray(new_core[name])[:n]
+            table[slots] = new_core[name]
         result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], None)
         if self.store is None:
             return result, rng, None

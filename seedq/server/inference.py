@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -42,6 +43,7 @@ from seedq.schema import EnvSpec
 from seedq.server.batching import GREEDY, BatchingRule
 from seedq.server.env_table import ActorEntry, EnvTable
 from seedq.server.unrolls import QueueClosed, UnrollQueue
+from seedq.wire import codec
 from seedq.wire.codec import Steps
 
 log = logging.getLogger("seedq.server")
@@ -63,6 +65,15 @@ class ServerClosing(Exception):
 
 class RunSuperseded(Exception):
     """The actor reconnected with a new run id while this request waited."""
+
+
+class LearnerFailed(ServerClosing):
+    """Inference failed: the learner stops (summary.json names `cause`); every
+    stream ends with UNAVAILABLE saying so, and actors reconnect to its restart."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{codec.LEARNER_FAILED_MARKER} ({type(cause).__name__}: {cause}) and is stopping")
+        self.cause = cause
 
 
 @dataclasses.dataclass
@@ -144,8 +155,12 @@ class InferenceServer:
         # only ones the next batch waits for (never longer than the timeout).
         self._awaited: set[ActorEntry] = set()
         self._closing = False
+        # The error that failed an inference batch: the learner stops on it
+        # (`Learner.stats().error`), as on a failed train step.
+        self.failure: BaseException | None = None
         self._has_work: asyncio.Event | None = None
         self._compiled: set[int] = set()
+        self._compile_thread: concurrent.futures.ThreadPoolExecutor | None = None
         # The answered batch whose step is not in the unroll store yet, and
         # the sequences recording it finished (`_record_answered`).
         self._unrecorded = None
@@ -202,18 +217,21 @@ class InferenceServer:
             self.core.drop(slots)
 
     def close(self) -> None:
-        """Fails every waiting and future request with ServerClosing."""
+        """Fails every waiting and future request with ServerClosing (LearnerFailed after a failure)."""
         self._closing = True
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
-                request.future.set_exception(ServerClosing())
+                request.future.set_exception(self._closing_error())
         self._pending_steps = 0
+
+    def _closing_error(self) -> ServerClosing:
+        return LearnerFailed(self.failure) if self.failure is not None else ServerClosing()
 
     async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
         """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""
         if self._closing:
-            raise ServerClosing()
+            raise self._closing_error()
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(entry, steps, future))
         self._pending_steps += len(steps)
@@ -278,15 +296,41 @@ class InferenceServer:
             steps += len(request.steps)
         return batch
 
+    def _batch_size(self, n: int) -> int:
+        """The padded size `n` env steps run at: the smallest bucket that fits,
+        or chunks of the largest (`ActingCore.act`'s max_rows)."""
+        bucket = next((b for b in self.buckets if b >= n), None)
+        return self.core.padded_size(n, bucket) if bucket else self.core.padded_size(self.buckets[-1])
+
+    async def _compile_off_the_loop(self, batch: list[_Request]) -> None:
+        """Compiles the program of this batch's size, the first time it is
+        needed, on a thread of its own: the event loop keeps answering
+        health checks and keepalives and running the idle watchdog meanwhile
+        (a compile can take minutes)."""
+        size = self._batch_size(sum(len(r.steps) for r in batch))
+        if size in self._compiled:
+            return
+        log.info("compiling inference for batch size %d", size)
+        if self._compile_thread is None:
+            self._compile_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="seedq-compile")
+        warm = self.core.warm_up(self._published[0], self._rng, batch[0].steps.observations, size)
+        await asyncio.get_running_loop().run_in_executor(self._compile_thread, warm)
+        self._compiled.add(size)
+
     async def _run_batch(self, batch: list[_Request], greedy: bool = False) -> None:
         started = time.perf_counter()
         try:
+            await self._compile_off_the_loop(batch)
             actions, version, pending = self._infer(batch, greedy)
         except Exception as e:  # never leave a stream hanging on a bad batch
-            log.exception("inference failed")
+            # A failure here (a device error, a learner bug) would fail every
+            # batch after it too: the learner stops rather than idling on.
+            log.exception("inference failed; the learner stops")
+            self.failure = e
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(e)
+                    request.future.set_exception(LearnerFailed(e))
+            self.close()
             return
         self.stats.latencies.record(time.perf_counter() - started)
         offset = 0
@@ -340,15 +384,14 @@ class InferenceServer:
 
         obs, rewards, terminated, truncated = map(joined, ("observations", "rewards", "terminated", "truncated"))
         n = len(slots)
-        # The smallest bucket that fits (a single actor with more envs than
-        # max_batch_size runs at its own size).
-        size = self.core.padded_size(n, next((b for b in self.buckets if b >= n), n))
-        if size not in self._compiled:
-            self._compiled.add(size)
-            log.info("compiling inference for batch size %d", size)
+        # The smallest bucket that fits; a request larger than the largest
+        # bucket (one actor with more envs than max_batch_size) runs in chunks
+        # of it: the compiled batch sizes are the buckets, whatever peers send.
+        size = self._batch_size(n)
         params, version = self._published
         result, self._rng, pending = self.core.act(
-            params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size
+            params, version, self._rng, slots, obs, rewards, terminated, truncated, pad_to=size,
+            max_rows=self.buckets[-1],
         )
         self.table.book_episodes(n, *self.core.reported_episodes(result))
         self.stats.compiles = self.core.compiles
@@ -356,5 +399,5 @@ class InferenceServer:
         self.stats.greedy_batches += greedy
         self.stats.requests += len(batch)
         self.stats.env_steps += n
-        self.stats.padded_steps += size
+        self.stats.padded_steps += size * -(-n // size)
         return result.actions, version, pending

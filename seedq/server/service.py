@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.env_table import SlotBudgetExhausted
-from seedq.server.inference import InferenceServer, RunSuperseded, ServerClosing
+from seedq.server.inference import InferenceServer, LearnerFailed, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 from seedq import schema
@@ -248,6 +248,8 @@ class StreamGuard:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
         if isinstance(error, RunSuperseded):
             return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
+        if isinstance(error, LearnerFailed):
+            return grpc.StatusCode.UNAVAILABLE, str(error)
         if isinstance(error, ServerClosing):
             return grpc.StatusCode.UNAVAILABLE, "learner is shutting down"
         log.error("internal error serving %s", self.who, exc_info=error)

@@ -39,6 +39,9 @@ MAX_MESSAGE_BYTES = 64 << 20
 # the learner's env-slot budget (server.max_envs) is full: unlike a message
 # over the size limit, retrying later can succeed (docs/wire.md).
 SLOT_BUDGET_MARKER = "env-slot budget full"
+# How the details of the UNAVAILABLE that ends every stream of a learner that
+# failed (stop_reason learner_error) begin: actors say so once and reconnect.
+LEARNER_FAILED_MARKER = "learner failed"
 # Longest actor_id / run_id a handshake may carry (they are logged and keyed on).
 MAX_ID_LENGTH = 128
 MAX_OBSERVATION_BYTES = MAX_MESSAGE_BYTES

@@ -27,7 +27,7 @@ from seedq import config as config_lib
 from seedq.config import EnvOptions, TrainConfig
 from seedq.rollout.core import ActingCore, EpisodeTracker, StepResult
 from seedq.agents import make_agent
-from seedq.envs import env_spec, make_env, make_vector_env, random_actions
+from seedq.envs import env_spec, make_env, make_vector_env, names_code, random_actions
 from seedq import checkpoint
 from seedq.quant.mode import InferencePrecision
 
@@ -248,6 +248,12 @@ def load_policy(
         raise checkpoint.CheckpointError(
             f"{step_dir}: its config (written by {checkpoint.written_by(meta)}) cannot be read here ({e})"
         ) from None
+    if not env and names_code(config.env):
+        # A checkpoint may come from anyone: its env id must not run code unasked.
+        raise checkpoint.CheckpointError(
+            f"{step_dir}: its env {config.env!r} imports or calls code named in the checkpoint; "
+            "give it explicitly (--env, or env= of seedq.load_policy; the same id, if you trust it)"
+        )
     overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
     config = dataclasses.replace(config, **overrides)
     config.validate()
