@@ -211,17 +211,22 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
 
 
 def env_defaults(env_id: str) -> TrainConfig:
-    """The defaults the flags apply to for `env_id`, as `run_setup.defaults_for_env`
-    gives them: they depend on whether the env's actions are Discrete or Box,
-    whether it observes pixel frames and on its registered reward_threshold
-    (config.defaults_for). An env id that cannot be built falls back to the
-    plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec, reward_threshold
+    """The defaults the flags apply to for `env_id` (with the default env
+    options), as `defaults_for_spec` gives them. An env id that cannot be
+    built falls back to the plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec
 
     try:
-        spec = env_spec(env_id)
-        target = reward_threshold(env_id)
+        return defaults_for_spec(env_spec(env_id), env_id)
     except ValueError:
         return TrainConfig()
+
+
+def defaults_for_spec(spec, env_id: str) -> TrainConfig:
+    """The defaults for an env with `spec` (a `seedq.schema.EnvSpec`): they depend
+    on whether its actions are Discrete or Box, whether it observes pixel frames
+    and on its registered reward_threshold (config.defaults_for)."""
+    from seedq.envs import reward_threshold
+
     pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
-    return config_lib.defaults_for(not spec.discrete, target, pixels)
+    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id), pixels)
