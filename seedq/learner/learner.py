@@ -62,6 +62,7 @@ class Learner:
         self.config = config
         self.group = group
         jax_setup.configure()
+        self.address: str | None = None  # where actors dial, once serving
         self.spec = env_spec(config.env, config.env_options) if spec is None else spec
         self.agent = make_agent(config, self.spec) if agent is None else agent
         rng = jax.random.PRNGKey(config.seed)
@@ -209,16 +210,11 @@ class Learner:
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
 
-    @property
-    def address(self) -> str | None:
-        """The address actors dial, once serving."""
-        return self._server.address
-
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
         self.step_timing.frames_at_start = self.table.frames  # restored counters, if resumed
         try:
-            self._server.start()
+            self.address = self._server.start()
         finally:
             if self._server.thread is not None:
                 self._threads.append(self._server.thread)
