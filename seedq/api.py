@@ -103,7 +103,9 @@ def train_args(config=None, overrides: Mapping[str, Any] | None = None) -> argpa
     from seedq.flags import config_flags
 
     parser = _train_parser()
-    dests = {a.dest for a in parser._actions if a.option_strings}  # argparse has no public list
+    # The config fields' flags (seedq.flags marks them) and --resume; not the
+    # command's own switches (--print-config, --parent-pid). argparse has no public list.
+    dests = {a.dest for a in parser._actions if hasattr(a, "doc_class")} | {"resume"}
     argv: list[str] = []
     if isinstance(config, TrainConfig):
         argv += config_flags(config)
@@ -138,28 +140,27 @@ def train(config=None, *, quiet: bool = False, **overrides: Any) -> Run:
 
     args = train_args(config, overrides)
     try:
-        run_config, resume = cli.run_config(args)
-        run_config.validate()
+        prepared, resume = cli.run_config(args)  # resolved and validated, as the command does
     except FileNotFoundError as e:
         raise ValueError(e.args[0]) from None
-    if distributed.needs_supervisor(run_config.distributed):
+    if distributed.needs_supervisor(prepared.config.distributed):
         raise ValueError("a multi-host learner group runs from the command line (seedq train), not seedq.train")
     from seedq import local
 
-    summary = local.train(run_config, quiet=quiet, started=started, with_actors=True, resume=resume)
+    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume)
     if summary.get("stop_reason") == "terminated" and "frames" not in summary:
         raise RuntimeError("the run was stopped before it started")
-    return Run(run_config.logdir, summary)
+    return Run(prepared.config.logdir, summary)
 
 
 def evaluate(policy_or_path, env: str | None = None, episodes: int = 10, *, seed: int = 0,
              deterministic: bool = True):
     """Plays `episodes` episodes of `env` (default: the policy's env, with its
     preprocessing), one per env of a vector env reset with `seed` (env i gets
-    seed + i), and returns a `seedq.evaluate.EvalResult` (`.mean`, `.returns`, ...).
+    seed + i), and returns a `seedq.evaluation.EvalResult` (`.mean`, `.returns`, ...).
 
     `policy_or_path`: a `Policy`, or anything `load_policy` reads."""
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
     policy = policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path)
     env_id = env or policy.env_id

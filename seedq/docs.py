@@ -61,7 +61,17 @@ def config_markdown() -> str:
         fields `--section.field-name VALUE`. `seedq train --print-config` prints
         the resolved config; every run saves it as `config.json` in its run
         directory, and `seedq train --resume RUN_DIR` reloads it (flags given
-        with `--resume` override it).
+        with `--resume` override it). Why each default is what it is: the
+        defaults table in [training.md](training.md).
+
+        `config.json` and every checkpoint also record the config's
+        `layout_version` (now {config.LAYOUT_VERSION}), raised with every change after
+        which a saved config would mean something else (a field renamed or
+        removed, a default changed). A run saved in an older layout resumes
+        through the migration steps in `seedq/config/layout.py` (layout 0, from
+        before the version was recorded: fields that V-trace runs lacked take
+        the values they ran with); one of a newer or unknown layout is refused
+        in one line.
 
         Choices: agent {", ".join(config.AGENTS)}; architecture {", ".join(config.ARCHITECTURES)};
         precision {", ".join(config.PRECISIONS)}.

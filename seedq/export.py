@@ -111,7 +111,10 @@ def _write_onnx(program, specs, names, path: str) -> None:
         to_onnx(_without_unused_ops(program), [_onnx_input(s) for s in specs], model_name="seedq_policy", return_mode="file",
                 output_path=path, input_names=input_names, output_names=output_names)
     except Exception as e:  # noqa: BLE001 - a converter failure is one line naming the converter
-        raise ValueError(f"jax2onnx could not convert this policy: {type(e).__name__}: {e}".splitlines()[0]) from None
+        # (jax2onnx cannot trace flax's scanned LSTM with a symbolic batch, for one.)
+        first_line = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ValueError(f"jax2onnx could not convert this policy ({first_line}); "
+                         "--format stablehlo exports every policy") from None
 
 
 def _without_unused_ops(program):
@@ -141,6 +144,12 @@ def _onnx_input(spec):
     return jax.ShapeDtypeStruct((batch, *spec.shape[1:]), spec.dtype)
 
 
+def state_meta(names, example_state) -> list[dict]:
+    """policy.json's description of the state arrays a program carries, in its argument order."""
+    return [{"name": k, "shape": list(example_state[k].shape[1:]), "dtype": str(example_state[k].dtype)}
+            for k in names]
+
+
 def _spec_dict(spec: EnvSpec) -> dict:
     return dataclasses.asdict(spec)
 
@@ -162,7 +171,7 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
     import jax
 
     from seedq import __version__, config as config_lib
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
     loaded = evaluation.load_policy(path, precision=precision)
     run_precision = loaded.policy.precision
@@ -188,8 +197,7 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
         "spec": _spec_dict(spec),
         "inputs": ["obs"] if not names else ["obs", "first", *names],
         "outputs": ["actions"] if not names else ["actions", *names],
-        "state": [{"name": k, "shape": list(example_state[k].shape[1:]), "dtype": str(example_state[k].dtype)}
-                  for k in names],
+        "state": state_meta(names, example_state),
         "checkpoint": loaded.checkpoint,
         "frames": loaded.counters.get("frames"),
         "seedq_version": __version__,

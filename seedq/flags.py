@@ -211,15 +211,17 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
 
 
 def env_defaults(env_id: str) -> TrainConfig:
-    """The defaults the flags apply to for `env_id`: they depend on whether the
-    env's actions are Discrete or Box and on its registered reward_threshold
+    """The defaults the flags apply to for `env_id`, as `run_setup.defaults_for_env`
+    gives them: they depend on whether the env's actions are Discrete or Box,
+    whether it observes pixel frames and on its registered reward_threshold
     (config.defaults_for). An env id that cannot be built falls back to the
     plain defaults; the run then reports the env error."""
     from seedq.envs import env_spec, reward_threshold
 
     try:
-        continuous = not env_spec(env_id).discrete
+        spec = env_spec(env_id)
         target = reward_threshold(env_id)
     except ValueError:
         return TrainConfig()
-    return config_lib.defaults_for(continuous, target)
+    pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
+    return config_lib.defaults_for(not spec.discrete, target, pixels)

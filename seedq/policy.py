@@ -195,7 +195,7 @@ def load_policy(path: str | os.PathLike, *, precision: str | None = None, env: s
             raise ValueError(f"{path}: an exported policy keeps the precision it was exported at")
         backend, info = open_export(path)
         return Policy(backend, PolicyInfo(**info))
-    import seedq.evaluate as evaluation
+    from seedq import evaluation
 
     loaded = evaluation.load_policy(path, precision=precision, env=env)
     config = loaded.config

@@ -3,7 +3,7 @@
 The route of a setting from the command line to the learner:
 
 1. `seedq.cli` layers the env's defaults (`defaults_for_env`: they depend on
-   the env's action space and registered threshold), the `--config` file and
+   the env's action space, pixel observations and registered threshold), the `--config` file and
    the flags into one `TrainConfig`;
 2. `prepare` resolves it (run directory), validates it and builds the env
    spec: once per run;
@@ -39,11 +39,12 @@ def build_env_spec(config: TrainConfig) -> EnvSpec:
 
 def defaults_for_env(spec: EnvSpec, env_id: str) -> TrainConfig:
     """The defaults the config file and flags apply to for an env with `spec`:
-    Box actions take CONTINUOUS_VTRACE, and the target return is the env's
-    registered reward threshold."""
+    Box actions take CONTINUOUS_VTRACE, pixel frames PIXEL_VTRACE, and the
+    target return is the env's registered reward threshold."""
     from seedq.envs import reward_threshold
 
-    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id))
+    pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
+    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id), pixels)
 
 
 def prepare(config: TrainConfig, spec: EnvSpec | None = None) -> PreparedRun:

@@ -25,8 +25,14 @@ FRAMES = 20000
 
 def _resolved(argv):
     args = cli.build_parser().parse_args(["train", *argv])
-    config, _ = cli.run_config(args)
-    return config
+    prepared, _ = cli.run_config(args)
+    return prepared.config
+
+
+def _resolved_from_keywords(config=None, **overrides):
+    prepared, resume = cli.run_config(api.train_args(config, overrides))
+    assert resume is None
+    return prepared.config
 
 
 @pytest.mark.e2e
@@ -39,26 +45,24 @@ def test_import_seedq_stays_free_of_jax():
 
 @pytest.mark.unit
 def test_keyword_arguments_resolve_as_the_command_line_does():
-    args = api.train_args(None, {"env": "Pendulum-v1", "max_seconds": 120, "vtrace": {"learning_rate": 3e-4},
-                                 "target_return": None})
-    config, resume = cli.run_config(args)
-    assert resume is None
+    config = _resolved_from_keywords(env="Pendulum-v1", max_seconds=120, vtrace={"learning_rate": 3e-4},
+                                     target_return=None, logdir="runs/x")
     assert config == _resolved(["--env", "Pendulum-v1", "--max-seconds", "120",
-                                "--vtrace.learning-rate", "3e-4", "--target-return", "none"])
+                                "--vtrace.learning-rate", "3e-4", "--target-return", "none", "--logdir", "runs/x"])
     assert config.vtrace.learning_rate == 3e-4 and config.target_return is None
 
 
 @pytest.mark.unit
 def test_env_dependent_defaults_apply_to_keyword_arguments():
-    config, _ = cli.run_config(api.train_args(None, {"env": "CartPole-v1"}))
+    config = _resolved_from_keywords(env="CartPole-v1", logdir="runs/x")
     assert config.target_return == 475.0  # CartPole's registered threshold, as `seedq train --env CartPole-v1`
-    assert config == _resolved(["--env", "CartPole-v1"])
+    assert config == _resolved(["--env", "CartPole-v1", "--logdir", "runs/x"])
 
 
 @pytest.mark.unit
 def test_a_config_object_resolves_to_itself(tmp_path):
     base = _resolved(["--env", "Acrobot-v1", "--num-actors", "3", "--logdir", str(tmp_path)])
-    config, _ = cli.run_config(api.train_args(base, {"seed": 7}))
+    config = _resolved_from_keywords(base, seed=7)
     assert config.num_actors == 3 and config.seed == 7 and config.env == "Acrobot-v1"
 
 
@@ -70,6 +74,8 @@ def test_unknown_fields_and_bad_values_are_one_line_errors():
         api.train_args(None, {"num_actors": "two"})
     with pytest.raises(ValueError, match="vtrace.learning_rat: not a config field"):
         api.train_args(None, {"vtrace": {"learning_rat": 1e-3}})
+    with pytest.raises(ValueError, match="print_config: not a config field"):
+        api.train_args(None, {"print_config": True})
 
 
 class _Recorder:
@@ -154,7 +160,7 @@ def test_the_readme_example_trains_loads_and_plays(cartpole_run):
         done = terminated or truncated
     assert total >= 1
     # The run's own end-of-run evaluation, reproduced through the API.
-    result = api.evaluate(policy, episodes=run.summary["eval"]["episodes"], seed=run.summary["eval"]["seed"])
+    result = seedq.evaluate(policy, episodes=run.summary["eval"]["episodes"], seed=run.summary["eval"]["seed"])
     assert result.returns == run.summary["eval"]["returns"]
 
 
@@ -174,16 +180,17 @@ def _recorded_observations(policy, n=1000):
 
 @pytest.mark.e2e
 def test_a_stablehlo_export_acts_as_the_run_and_loads_with_jax_alone(cartpole_run, tmp_path):
-    from seedq import export
-
     own = seedq.load_policy(cartpole_run.logdir)
     observations = _recorded_observations(own)
     own.reset()
     actions = own.predict(observations)
     assert len(np.unique(actions)) == 2
+    from seedq import cli
+
     out = tmp_path / "stablehlo"
-    meta = export.export(cartpole_run.logdir, str(out), format="stablehlo")
-    assert list(meta["spec"]["obs_shape"]) == [4] and meta["inputs"] == ["obs"]
+    assert cli.main(["export", cartpole_run.logdir, "--out", str(out), "--format", "stablehlo"]) == 0
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["spec"]["obs_shape"] == [4] and meta["inputs"] == ["obs"] and meta["env"] == "CartPole-v1"
     np.testing.assert_array_equal(seedq.load_policy(out).predict(observations), actions)
     np.save(tmp_path / "obs.npy", observations)
     # No seedq in the loading process: every `import seedq` fails there.
@@ -258,3 +265,50 @@ def test_the_readme_example_runs_as_written_on_a_frame_budget(tmp_path):
     mean = float(result.stdout.strip().splitlines()[-1].split()[-1])
     assert 8 <= mean <= 500  # CartPole's returns; what 20k frames reach is the learning tier's business
     assert (tmp_path / "runs" / "api" / "curves.csv").is_file()
+
+
+@pytest.mark.unit
+def test_the_package_attributes_are_the_api_functions():
+    from seedq import evaluation  # the module of the evaluation code; `seedq.evaluate` stays the function
+
+    assert seedq.evaluate is api.evaluate and seedq.train is api.train and callable(seedq.load_policy)
+    assert evaluation.evaluate is not seedq.evaluate
+
+
+@pytest.mark.unit
+def test_a_recurrent_policy_carries_its_state_through_the_exported_program(tmp_path):
+    """R2D2's LSTM state goes in and out of the StableHLO program; the policy
+    keeps it per env and restarts it where `reset` says, as the agent does."""
+    import jax
+
+    from seedq import export
+    from seedq.agents import make_agent
+    from seedq.config import TrainConfig
+    from seedq.envs import env_spec
+    from seedq.policy import CheckpointBackend
+    from seedq.quant.mode import InferencePrecision
+
+    spec = env_spec("CartPole-v1")
+    agent = make_agent(TrainConfig(agent="r2d2", env="CartPole-v1"), spec)
+    precision = InferencePrecision(agent, spec, "fp32")
+    params = agent.inference_params(jax.jit(agent.init)(jax.random.PRNGKey(3)))
+    program, names, example = export._greedy_program(precision, params)
+    assert names == ["c", "h"]
+    (batch,) = jax.export.symbolic_shape("B")
+    path = str(tmp_path / "policy.stablehlo")
+    export._write_stablehlo(program, export._input_specs(spec, names, example, batch), path)
+    meta = {"state": export.state_meta(names, example)}
+    info = PolicyInfo("CartPole-v1", None, spec, "test", "fp32")
+    exported = Policy(export._ExportedBackend(meta, export._stablehlo_runner(path)), info)
+    own = Policy(CheckpointBackend(precision, params), info)
+    rng = np.random.default_rng(0)
+    chosen = []
+    for step in range(40):
+        obs = rng.normal(0, 2, (3, 4)).astype(np.float32)
+        actions = own.predict(obs)
+        np.testing.assert_array_equal(exported.predict(obs), actions)
+        chosen.append(actions)
+        if step % 7 == 6:
+            for policy in (own, exported):
+                policy.reset([step % 3])
+    assert len(np.unique(chosen)) == 2

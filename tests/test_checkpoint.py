@@ -112,23 +112,24 @@ def test_a_matching_checkpoint_restores_and_a_meta_of_another_format_is_refused(
 
 
 @pytest.mark.parametrize("field, former, named", [
-    ("layer_norm", "none", "first_layer"),  # before stop 24: no LayerNorm
-    ("anneal_entropy_cost", False, True),  # before stop 38: a constant entropy bonus
-    ("lookahead", 0, 20),  # before stop 40: targets cut at the unroll's end
+    ("layer_norm", "none", "first_layer"),  # older runs had no LayerNorm
+    ("anneal_entropy_cost", False, True),  # a constant entropy bonus
+    ("lookahead", 0, 20),  # targets cut at the unroll's end
     ("grow_lookahead", False, True),
 ])
 def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_path, field, former, named):
-    """config.json and the checkpoint's config of older runs lack the field; they
-    ran with its former value (config.FORMER_DEFAULTS), whatever today's default is."""
-    from seedq.evaluate import load_policy
+    """config.json and the checkpoint's config of older runs (layout 0: no
+    layout recorded) lack the field; they ran with its former value, which the
+    migration to layout 1 fills in, whatever today's default is."""
+    from seedq.evaluation import load_policy
 
     run = tmp_path / "run"
     base = config_lib.defaults_for(False, 475.0)
     as_ran = dataclasses.replace(base, vtrace=dataclasses.replace(base.vtrace, **{field: former}))
     step_dir = _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64), base=as_ran)
-    assert getattr(base.vtrace, field) != former  # else this test would pass without FORMER_DEFAULTS
+    assert getattr(base.vtrace, field) != former  # else this test would pass without the migration
     saved = json.loads((run / "config.json").read_text())
-    del saved["vtrace"][field]
+    del saved["vtrace"][field], saved["layout_version"]
     (run / "config.json").write_text(json.dumps(saved))
     meta_file = _meta_file(step_dir)
     meta = json.loads(meta_file.read_text())
@@ -141,6 +142,56 @@ def test_a_run_saved_before_a_field_existed_resumes_and_evaluates_as_it_ran(tmp_
     # A config that names the field keeps it.
     saved["vtrace"][field] = named
     assert getattr(config_lib.from_saved(saved).vtrace, field) == named
+    # In today's layout a missing field takes today's default.
+    current = {**saved, "layout_version": config_lib.LAYOUT_VERSION}
+    del current["vtrace"][field]
+    assert getattr(config_lib.from_saved(current).vtrace, field) == getattr(base.vtrace, field)
+
+
+def _run_saved_by_the_commit_before(tmp_path) -> pathlib.Path:
+    """A run directory whose config.json is the one the code before the layout
+    version wrote for `seedq train --env CartPole-v1` (tests/data), with a
+    checkpoint of that config."""
+    run = tmp_path / "run"
+    _write_run(run, saved_hidden=(64, 64), trained_hidden=(64, 64))
+    fixture = pathlib.Path(__file__).parent / "data" / "config_layout0_cartpole.json"
+    (run / "config.json").write_text(fixture.read_text().replace("RUN_DIR", str(run)))
+    return run
+
+
+@pytest.mark.parametrize("layout, says", [
+    (config_lib.LAYOUT_VERSION + 1, "is newer than this seedq's"),
+    ("1", "expected a layout number"),
+])
+def test_a_config_of_a_layout_this_seedq_cannot_read_is_refused_in_one_line(tmp_path, capsys, layout, says):
+    run = _run_saved_by_the_commit_before(tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**saved, "layout_version": layout}))
+    code, err = _cli(["train", "--resume", run, "--max-frames", "600"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "config.json cannot be read" in err and says in err, err
+    assert not (run / "summary.json").exists()  # nothing started
+
+
+def test_a_config_layout_without_a_migration_step_is_refused(monkeypatch):
+    from seedq.config import layout
+
+    monkeypatch.setattr(layout, "MIGRATIONS", {})
+    with pytest.raises(ValueError, match="config layout 0 is too old for this seedq"):
+        config_lib.from_saved({"env": "CartPole-v1"})
+    assert config_lib.from_saved({"env": "Acrobot-v1", "layout_version": layout.LAYOUT_VERSION}).env == "Acrobot-v1"
+
+
+def test_a_run_config_json_given_as_config_file_is_read_in_this_layout(tmp_path):
+    """`--config RUN/config.json` takes a run's saved config (its layout key
+    and all) as well as a file of some fields written by hand."""
+    saved = tmp_path / "config.json"
+    config_lib.save(config_lib.TrainConfig(env="Acrobot-v1", seed=7), str(saved))
+    assert config_lib.updated(config_lib.TrainConfig(), config_lib.read_json(str(saved))) == \
+        config_lib.TrainConfig(env="Acrobot-v1", seed=7)
+    by_hand = tmp_path / "some.json"
+    by_hand.write_text(json.dumps({"seed": 3}))
+    assert config_lib.read_json(str(by_hand)) == {"seed": 3}
 
 
 def test_eval_of_a_checkpoint_whose_env_names_code_asks_for_env(tmp_path, capsys, monkeypatch):

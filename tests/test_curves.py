@@ -69,6 +69,21 @@ def test_plot_overlays_runs_and_names_a_directory_without_curves(tmp_path):
 
 
 @pytest.mark.unit
+def test_seedq_plot_writes_the_overlay_or_names_what_is_missing(tmp_path, capsys):
+    from seedq import cli
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        sink = curves.CurvesSink(str(tmp_path / name))
+        sink.tick(_tick(1000, 10.0))
+        sink.close()
+    assert cli.main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.svg")]) == 0
+    assert (tmp_path / "ab.svg").read_text().count("<svg") == 1
+    assert cli.main(["plot", str(tmp_path / "a"), str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    assert "no curves.csv" in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_records_pass_every_call_to_every_sink():
     calls = []
 

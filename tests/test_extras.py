@@ -51,6 +51,11 @@ def test_command_name_is_the_subcommand_the_user_typed():
 def test_the_cli_names_the_missing_extra_in_one_line(monkeypatch, capsys, argv, package, extra, module):
     _uninstalled(monkeypatch, package)
     monkeypatch.delitem(sys.modules, module, raising=False)
+    # `from seedq.launch import k8s` takes the package's attribute when an earlier
+    # test imported the module: remove it too, so the module runs its check again.
+    parent, _, child = module.rpartition(".")
+    if parent in sys.modules:
+        monkeypatch.delattr(sys.modules[parent], child, raising=False)
     monkeypatch.setattr(sys, "argv", ["seedq", *argv])
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
@@ -72,7 +77,7 @@ def test_only_the_tooling_imports_the_extras_packages():
 TRAINING_PATH = r"""
 import sys
 import seedq.cli, seedq.local, seedq.learner.learner, seedq.server.service, seedq.actor.seed_actor
-import seedq.evaluate, seedq.distributed, seedq.checkpoint, seedq.agents.vtrace.agent, seedq.agents.r2d2.agent
+import seedq.evaluation, seedq.distributed, seedq.checkpoint, seedq.agents.vtrace.agent, seedq.agents.r2d2.agent
 print(" ".join(sorted(m for m in ("matplotlib", "psutil") if m in sys.modules)))
 """
 

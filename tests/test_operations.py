@@ -274,14 +274,14 @@ def test_eval_reproduces_the_training_runs_evaluation(local_run, tmp_path):
     assert result["returns"] == recorded["returns"] and result["seed"] == recorded["seed"]
 
     # Sampled actions with a fixed seed are reproducible too (in-process); a GIF of one episode.
-    from seedq import evaluate
+    from seedq import evaluation
 
     gif = tmp_path / "episode.gif"
     code = cli.main(["eval", recorded["checkpoint"], "--episodes", "4", "--seed", "7", "--sample",
                      "--video", str(gif)])
     assert code == 0
-    loaded = evaluate.load_policy(recorded["checkpoint"], greedy=False)
-    runs = [evaluate.evaluate(loaded.policy, "CartPole-v1", 4, seed=7).returns for _ in range(2)]
+    loaded = evaluation.load_policy(recorded["checkpoint"], greedy=False)
+    runs = [evaluation.evaluate(loaded.policy, "CartPole-v1", 4, seed=7).returns for _ in range(2)]
     assert runs[0] == runs[1]
     import imageio.v3 as iio
 

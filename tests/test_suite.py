@@ -13,7 +13,7 @@ import time
 import pytest
 
 from seedq.bench import references, suite
-from seedq.config import TrainConfig, from_dict
+from seedq.config import TrainConfig, from_saved
 
 
 @pytest.mark.unit
@@ -168,8 +168,8 @@ def _suite_with_a_run_in_progress(tmp_path):
 def _assert_stopped_resumable(run_dir):
     assert _processes_mentioning(str(run_dir)) == []
     saved = json.loads((run_dir / "config.json").read_text())
-    assert suite.resumable(from_dict(TrainConfig, saved))
-    assert not suite.finished(from_dict(TrainConfig, saved))
+    assert suite.resumable(from_saved(saved))
+    assert not suite.finished(from_saved(saved))
 
 
 @pytest.mark.e2e

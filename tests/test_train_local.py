@@ -244,3 +244,41 @@ def test_one_train_builds_the_env_spec_and_the_agent_once_and_validates_once(tmp
     assert code == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "max_frames"
     assert calls == {"env spec": 1, "validate": 1, "agent": 1}
+
+
+@pytest.mark.e2e
+def test_a_config_json_written_by_the_commit_before_resumes_and_is_saved_in_this_layout(tmp_path, capsys):
+    """A run saved before the config recorded its layout (layout 0) resumes,
+    and the resumed run saves config.json and its checkpoints in this layout."""
+    from seedq import checkpoint
+    from seedq import config as config_lib
+    from test_checkpoint import _cli, _run_saved_by_the_commit_before
+
+    run = _run_saved_by_the_commit_before(tmp_path)
+    before = json.loads((run / "config.json").read_text())
+    assert "layout_version" not in before
+    code, err = _cli(["train", "--resume", run, "--max-frames", "600", "--num-actors", "1",
+                      "--envs-per-actor", "4", "--eval-episodes", "0", "--quiet"], capsys)
+    assert code == 0, err
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "max_frames"
+    after = json.loads((run / "config.json").read_text())
+    assert after.pop("layout_version") == config_lib.LAYOUT_VERSION
+    # Every field the old file held keeps its value but the flags given (fields
+    # added since take their defaults).
+    flat_before, flat_after = _flat(before), _flat(after)
+    changed = {k for k in flat_before if flat_before[k] != flat_after.get(k)}
+    assert changed == {"max_frames", "num_actors", "envs_per_actor", "eval_episodes"}, changed
+    # The checkpoint written by the resumed run records the layout too.
+    meta, _ = checkpoint.read_meta(str(run))
+    assert meta["config"]["layout_version"] == config_lib.LAYOUT_VERSION
+
+
+def _flat(fields: dict, prefix: str = "") -> dict:
+    """{"section.field": value} of a (nested) config dict."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out

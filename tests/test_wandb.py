@@ -81,6 +81,9 @@ def test_an_offline_run_holds_the_scalars_and_a_resumed_run_continues_it(tmp_pat
     resumed = WandbSink(config)
     resumed.tick(_tick(2000, 40.0))
     resumed.close()
+    import wandb
+
+    wandb.teardown()  # the W&B service of this process writes the run files in the background
     files = sorted(glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*", "run-*.wandb")))
     assert len(files) == 2
     run_id = (tmp_path / "wandb-run-id").read_text().strip()
@@ -102,3 +105,38 @@ def test_without_wandb_installed_the_flag_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ValueError, match=r"pip install 'seedq\[wandb\]'"):
         wandb_sink.WandbSink(_Config("unused"))
+
+
+@pytest.mark.e2e
+def test_the_wandb_project_field_adds_the_sink_to_the_run_records(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from seedq.config import TrainConfig, WandbConfig
+    from seedq.learner.curves import CurvesSink
+    from seedq.learner.records import run_records
+    from seedq.learner.wandb_sink import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = run_records(TrainConfig(logdir=str(tmp_path / "a")), "tb", resumed_frames=None)
+    assert [type(s) for s in plain.sinks[1:]] == [CurvesSink]
+    config = TrainConfig(logdir=str(tmp_path / "b"), wandb=WandbConfig(project="p"))
+    records = run_records(config, "tb", resumed_frames=None)
+    assert [type(s) for s in records.sinks[1:]] == [CurvesSink, WandbSink]
+    for sink in records.sinks[1:]:
+        sink.close()
+
+
+@pytest.mark.unit
+def test_a_run_wandb_refuses_is_one_line_naming_offline_mode(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from seedq.learner.wandb_sink import WandbSink
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.\nmore")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ValueError, match=r"--wandb.project p: W&B refused the run \(No API key configured.*"
+                                         r"WANDB_MODE=offline"):
+        WandbSink(_Config(str(tmp_path)))

@@ -1,5 +1,5 @@
 """`seedq bench suite`: the defaults trained on a list of envs x seeds, scored
-against published returns (issue 11).
+against published returns.
 
 Every env x seed is one fresh `seedq train` process given only the env id,
 its frame budget (seedq.bench.references.SUITE, scaled by `frames_scale` or
@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from seedq import config as config_lib
 from seedq.bench import compare
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json
@@ -86,6 +87,10 @@ def why_not_resumable(config: TrainConfig) -> str | None:
     saved = read_json(os.path.join(config.logdir, "config.json"))
     if saved is None:
         return "left no config.json"
+    try:
+        saved = config_lib.migrated(saved)  # as this code reads it (seedq.config.layout)
+    except ValueError as e:
+        return f"left a config.json this seedq cannot read ({e})"
     changed = changed_settings(saved, json.loads(json.dumps(to_dict(config))))  # JSON has no tuples
     if changed:
         shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
@@ -109,7 +114,7 @@ def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
 def random_return(env_id: str, episodes: int, options) -> float:
     """Mean return of uniformly random actions over `episodes` episodes."""
     from seedq.envs import env_spec
-    from seedq.evaluate import RandomPolicy, evaluate
+    from seedq.evaluation import RandomPolicy, evaluate
 
     return evaluate(RandomPolicy(env_spec(env_id, options)), env_id, episodes, RANDOM_SEED, options).mean
 

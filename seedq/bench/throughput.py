@@ -7,6 +7,11 @@ round trips, batching, the policy, and by default training) on this machine:
   1. raw: `actors` processes each step their vector env with random actions;
   2. system: a real learner (gRPC server, dynamic batcher, jitted policy,
      V-trace updates unless --no-train) and `actors` real actor processes.
+
+With training, `trained_fps` is the new env frames the learner trained on per
+second (a batch trained `reuse` times counts once; frames that never reached
+an update do not count), and `bottleneck` names the capacity that set the
+rate (`bottleneck_of`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
 def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> dict:
     """The SEED loop's frames/s for a validated TrainConfig (env, actors,
     envs per actor, devices, server)."""
+    from seedq.bench.learner import new_frames_per_train_step, new_frames_per_unroll
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 
@@ -71,6 +77,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             stats = learner.inference.stats
             f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
             busy0, m0, g0 = stats.busy_seconds, stats.requests, stats.greedy_batches
+            held0, dropped0 = stats.backpressure_seconds, learner.queue.dropped_unrolls
             cpu0, thread_cpu0 = time.process_time(), learner.server_thread_cpu_seconds()
             started = time.perf_counter()
             time.sleep(seconds)
@@ -83,6 +90,8 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             messages = stats.requests - m0
             train_steps = learner.train_steps - t0
             busy = stats.busy_seconds - busy0
+            held = stats.backpressure_seconds - held0
+            dropped = (learner.queue.dropped_unrolls - dropped0) * new_frames_per_unroll(config)
             greedy_batches = stats.greedy_batches - g0
             batching = learner.inference.batching
             split = learner.devices.describe()
@@ -93,8 +102,21 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
     rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
     rtts_p99 = [s["rtt_p99_ms"] for s in actor_stats if s and s["rtt_p99_ms"] is not None]
     inference_devices = len(split["inference"])
+    # The batch loop's time spent waiting for room in the unroll queue is part
+    # of `busy` (it runs inside a batch) but is the learner's, not inference's.
+    inference_share = max(busy - held, 0.0) / elapsed
+    held_share = held / elapsed
+    thread_busy = thread_cpu / elapsed if thread_cpu is not None else None
     return {
         "system_fps": frames / elapsed,
+        "trained_fps": train_steps * new_frames_per_train_step(config) / elapsed,
+        "bottleneck": bottleneck_of(train, held_share, inference_share, thread_busy,
+                                    dropped / frames if frames else 0.0),
+        # Share of the window the batch loop waited for the learner to take
+        # unrolls (the queue was full): the actors were held back by training.
+        "queue_full_share": held_share,
+        # Frames dropped unseen when the queue was full (server.queue_full drop_oldest), per second.
+        "dropped_fps": dropped / elapsed,
         "devices": split,
         "mean_inference_batch": steps / batches if batches else 0.0,
         # Each batch is split evenly across the inference devices (seedq.devices.sharded_act),
@@ -119,14 +141,38 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         "server_thread_cpu_us_per_message": (
             thread_cpu / messages * 1e6 if messages and thread_cpu is not None else None
         ),
-        "server_thread_busy_fraction": thread_cpu / elapsed if thread_cpu is not None else None,
+        "server_thread_busy_fraction": thread_busy,
         "train_steps_per_second": train_steps / elapsed,
-        # Share of wall time the server thread spent running inference batches.
-        "inference_busy_fraction": busy / elapsed,
+        # Share of wall time the server thread spent running inference batches
+        # (waits for room in the unroll queue left out).
+        "inference_busy_fraction": inference_share,
         # Median over actors of each actor's percentile.
         "rtt_p50_ms": float(np.median(rtts_p50)) if rtts_p50 else None,
         "rtt_p99_ms": float(np.median(rtts_p99)) if rtts_p99 else None,
     }
+
+
+# A capacity binds when the loop spends at least this share of its time on it.
+BINDING_SHARE = 0.5
+
+
+def bottleneck_of(train: bool, queue_full_share: float, inference_share: float,
+                  server_thread_busy: float | None, dropped_share: float = 0.0) -> str:
+    """Which capacity set the loop's rate, from what the loop measured:
+    `training` when the batch loop waited for the learner to make room for
+    at least BINDING_SHARE of the time (the actors were held back), or that
+    share of the frames was dropped unseen (the learner could not keep up), else
+    `inference` when running the policy took that share of the server
+    thread's wall time, else `transport` when the server thread was that
+    busy all the same (gRPC, batching, decoding), else `env`: the loop was
+    waiting for the actors' steps."""
+    if train and (queue_full_share >= BINDING_SHARE or dropped_share >= BINDING_SHARE):
+        return "training"
+    if inference_share >= BINDING_SHARE:
+        return "inference"
+    if server_thread_busy is not None and server_thread_busy >= BINDING_SHARE:
+        return "transport"
+    return "env"
 
 
 def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:
@@ -166,13 +212,22 @@ def run(
     train: bool = True,
     devices=None,
     server=None,
+    base=None,
 ) -> dict:
     """`devices`: a `DevicesConfig` split for the learner (default: auto);
-    `server`: the learner's `ServerConfig` (batcher settings; default: defaults)."""
-    from seedq.config import DevicesConfig, ServerConfig, TrainConfig
+    `server`: the learner's `ServerConfig` (batcher settings; default: defaults);
+    `base`: the run config the agent sections come from (default: the env's
+    defaults, as `seedq train` resolves them)."""
+    import dataclasses
 
-    config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
-                         devices=devices or DevicesConfig(), server=server or ServerConfig())
+    from seedq.bench.learner import learner_fields
+    from seedq.config import DevicesConfig, ServerConfig
+    from seedq.flags import env_defaults
+
+    config = dataclasses.replace(
+        base if base is not None else env_defaults(env_id), env=env_id, num_actors=num_actors,
+        envs_per_actor=envs_per_actor, devices=devices or DevicesConfig(), server=server or ServerConfig(),
+    )
     config.validate()  # bad flags are refused before the raw phase spends its seconds
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
     system = system_fps(config, seconds, warmup_seconds, train)
@@ -182,6 +237,8 @@ def run(
         "envs_per_actor": envs_per_actor,
         "seconds": seconds,
         "training": train,
+        "agent": config.agent,
+        **learner_fields(config),
         "system_fps": system["system_fps"],
         "raw_env_fps": raw,
         "ratio_system_to_raw": system["system_fps"] / raw if raw else None,

@@ -17,7 +17,7 @@ COMMAND_STARTED = time.monotonic()
 import argparse
 import sys
 
-from seedq.cli import actor, bench, certs, compare, evaluate, launch, run
+from seedq.cli import actor, bench, certs, compare, evaluate, export, launch, plot, run
 from seedq.cli.common import Parser, subcommands, unknown_arguments_message
 from seedq.cli.run import run_config
 
@@ -27,7 +27,7 @@ __all__ = ["COMMAND_STARTED", "build_parser", "main", "run_config", "subcommands
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="seedq", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, actor, evaluate, certs, compare, launch, bench):
+    for command in (run, actor, evaluate, export, plot, certs, compare, launch, bench):
         command.add_parsers(sub)
     return parser
 
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return run.run(args, argv, COMMAND_STARTED)
     handlers = {
         "actor": actor.run, "impala-actor": actor.run, "eval": evaluate.run, "certs": certs.run,
-        "compare": compare.run, "launch": launch.run, "bench": bench.run,
+        "compare": compare.run, "launch": launch.run, "bench": bench.run, "export": export.run,
+        "plot": plot.run,
     }
     return handlers[args.command](args)
 

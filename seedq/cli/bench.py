@@ -1,4 +1,4 @@
-"""`seedq bench throughput | stuck | soak | suite | inference`: the benchmarks."""
+"""`seedq bench throughput | stuck | soak | suite | inference | learner | device`: the benchmarks."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def add_parsers(sub) -> None:
     _add_soak(bench_sub)
     _add_suite(bench_sub)
     _add_inference(bench_sub)
+    _add_learner(bench_sub)
+    _add_device(bench_sub)
 
 
 def _add_throughput(bench_sub) -> None:
@@ -39,6 +41,36 @@ def _add_throughput(bench_sub) -> None:
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
     add_config_flags(tp, config_lib.ServerConfig, "server.")
+    # The agent sections pass through, on top of the env's defaults (as `seedq train`).
+    tp.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
+    add_config_flags(tp, config_lib.VTraceConfig, "vtrace.")
+    add_config_flags(tp, config_lib.R2D2Config, "r2d2.")
+
+
+def _add_learner(bench_sub) -> None:
+    learner = bench_sub.add_parser(
+        "learner",
+        help="what the learner alone can train on (train steps/s, env frames/s, MACs per frame) and "
+        "what its inference can answer, for an env and agent config resolved as `seedq train` does",
+        formatter_class=HelpFormatter,
+    )
+    add_config_flags(learner)
+    learner.add_argument("--seconds", type=float, default=5.0, help="timing budget of each measurement")
+    learner.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_device(bench_sub) -> None:
+    device = bench_sub.add_parser(
+        "device",
+        help="a bounded check of this machine for Atari: JAX's devices, the inference bench, bench "
+        "learner, Pong throughput with actors on every CPU core, Pong training for the time left",
+        description="Runs each stage as a seedq subprocess within its share of --minutes (the whole "
+        "command's bound) and writes OUT/device.json and OUT/summary.md. Installs nothing "
+        "(docs/devices.md gives the install line for a GPU or TPU VM).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    device.add_argument("--minutes", type=float, default=20.0, help="bound on the whole command")
+    device.add_argument("--out", required=True, help="output directory")
 
 
 def _add_stuck(bench_sub) -> None:
@@ -290,11 +322,50 @@ def _throughput(args: argparse.Namespace) -> int:
             train=not args.no_train,
             devices=config_from_args(args, config_lib.DevicesConfig, "devices."),
             server=config_from_args(args, config_lib.ServerConfig, "server."),
+            base=_agent_config(args),
         )
     except (ValueError, RuntimeError) as e:
         print(f"seedq bench throughput: {e}", file=sys.stderr)
         return 1
     return _print_result(result, args.json)
+
+
+def _agent_config(args) -> TrainConfig:
+    """The env's defaults with the --agent, --vtrace.* and --r2d2.* flags given applied."""
+    import dataclasses
+
+    base = env_defaults(args.env)
+    return dataclasses.replace(
+        base, agent=args.agent or base.agent,
+        vtrace=config_from_args(args, config_lib.VTraceConfig, "vtrace.", base.vtrace),
+        r2d2=config_from_args(args, config_lib.R2D2Config, "r2d2.", base.r2d2),
+    )
+
+
+def _learner(args) -> int:
+    from seedq.bench import learner
+
+    try:
+        config = config_from_args(args, base=env_defaults(args.env or TrainConfig.env))
+        config.validate()
+        result = learner.run(config, seconds=args.seconds)
+    except ValueError as e:
+        print(f"seedq bench learner: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else learner.format_table(result))
+    return 0
+
+
+def _device(args) -> int:
+    from seedq.bench import device
+
+    try:
+        report = device.run(args.minutes, args.out)
+    except (ValueError, OSError) as e:
+        print(f"seedq bench device: {e}", file=sys.stderr)
+        return 1
+    print(device.summary_markdown(report), end="")
+    return 0
 
 
 def _print_result(result: dict, as_json: bool) -> int:
@@ -306,7 +377,10 @@ def _print_result(result: dict, as_json: bool) -> int:
     return 0
 
 
-_RUNS = {"inference": _inference, "soak": _soak, "suite": _suite, "stuck": _stuck, "throughput": _throughput}
+_RUNS = {
+    "inference": _inference, "soak": _soak, "suite": _suite, "stuck": _stuck, "throughput": _throughput,
+    "learner": _learner, "device": _device,
+}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,17 +37,17 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import seedq.evaluate as evaluate  # (the module: `from seedq import evaluate` is the API function)
+    from seedq import evaluation
 
     try:
-        loaded = evaluate.load_policy(
+        loaded = evaluation.load_policy(
             args.path, env=args.env, precision=args.precision, greedy=not args.sample
         )
         config = loaded.config
         episodes = args.episodes if args.episodes is not None else (config.eval_episodes or 10)
         seed = args.seed if args.seed is not None else config.eval_seed
-        result = evaluate.evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
-        video = evaluate.record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
+        result = evaluation.evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
+        video = evaluation.record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
     except (ValueError, OSError, RuntimeError) as e:
         print(f"seedq eval: {e}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ the agents (`vtrace`, `r2d2`), devices and process groups (`devices`). The
 CLI derives one flag per field (`--num-actors`, `--vtrace.learning-rate`,
 ...) from these definitions, so a field added here is overridable without
 touching the CLI. Every run writes the resolved config to `config.json` in
-its run directory (`files`).
+its run directory (`files`), with the version of its layout (`layout`).
 
 Defaults are tuned for a 2-core machine (CartPole-v1 solves in well under a
 minute); larger machines raise `num_actors` / `envs_per_actor`.
@@ -16,26 +16,27 @@ minute); larger machines raise `num_actors` / `envs_per_actor`.
 from seedq.config.checks import NETWORK_CHOICES, check_channel
 from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
-from seedq.config.files import (
-    FORMER_DEFAULTS, from_dict, from_saved, load, read_json, save, to_dict, updated,
-)
+from seedq.config.files import from_dict, from_saved, load, read_json, save, saved_dict, to_dict, updated
+from seedq.config.layout import LAYOUT_VERSION, migrated
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.run import (
     ACTOR_PRECISIONS, AGENTS, ARCHITECTURES, DEFAULT_DECAY_FRAMES, PRECISIONS, QuantConfig, TrainConfig,
-    agent_config_for_run, defaults_for,
+    agent_config_for_run, defaults_for, is_pixel_observation,
 )
 from seedq.config.server import (
-    BATCHING_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
+    BATCHING_RULES, QUEUE_FULL_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
     check_batching_rule,
 )
-from seedq.config.vtrace import CONTINUOUS_VTRACE, LAYER_NORM_MODES, VTraceConfig
+from seedq.config.tracking import WandbConfig
+from seedq.config.vtrace import CONTINUOUS_VTRACE, LAYER_NORM_MODES, PIXEL_VTRACE, VTraceConfig
 
 __all__ = [
     "ACTOR_PRECISIONS", "AGENTS", "ARCHITECTURES", "BATCHING_RULES", "CONTINUOUS_VTRACE", "DEFAULT_DECAY_FRAMES",
-    "FORMER_DEFAULTS", "LAYER_NORM_MODES", "NETWORK_CHOICES", "PRECISIONS",
+    "LAYER_NORM_MODES", "LAYOUT_VERSION", "NETWORK_CHOICES", "PIXEL_VTRACE", "PRECISIONS", "QUEUE_FULL_RULES",
     "ActorChannelConfig", "ActorTlsConfig", "AtariConfig", "AuthConfig", "DevicesConfig", "DistributedConfig",
     "DmcConfig", "EnvOptions", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
-    "VTraceConfig",
+    "VTraceConfig", "WandbConfig",
     "agent_config_for_run", "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
-    "load", "read_json", "save", "to_dict", "updated",
+    "is_pixel_observation",
+    "load", "migrated", "read_json", "save", "saved_dict", "to_dict", "updated",
 ]

@@ -8,6 +8,7 @@ import typing
 from typing import Any
 
 from seedq import atomic_files
+from seedq.config.layout import LAYOUT_KEY, migrated, with_layout
 from seedq.config.run import TrainConfig
 
 
@@ -16,9 +17,9 @@ def to_dict(config: Any) -> dict:
 
 
 def save(config: TrainConfig, path: str) -> None:
-    """Writes config.json whole and durably: `--resume` reads it, so a kill or
-    a full disk mid-write must leave the previous file, not a part."""
-    atomic_files.write_json_atomically(path, to_dict(config), indent=2, sort_keys=True)
+    """Writes config.json (with its layout version) whole and durably: `--resume`
+    reads it, so a kill or a full disk mid-write must leave the previous file, not a part."""
+    atomic_files.write_json_atomically(path, saved_dict(config), indent=2, sort_keys=True)
 
 
 def from_dict(cls: type, data: dict) -> Any:
@@ -69,7 +70,9 @@ def updated(config: Any, data: dict, where: str = "") -> Any:
 
 
 def read_json(path: str) -> dict:
-    """A run config file's JSON object; OSError / ValueError with a one-line message."""
+    """The fields in a run config file: a run's config.json (it records its
+    layout) migrated to this code's layout, a file of some fields written by
+    hand as it is. OSError / ValueError with a one-line message."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -79,28 +82,23 @@ def read_json(path: str) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of config fields")
-    return data
-
-
-# Fields a saved config may lack because it was written before they existed,
-# and the value that then meant what that run did (where today's default
-# differs from it): older runs had no LayerNorm, a constant entropy bonus and
-# targets cut at the unroll's end.
-FORMER_DEFAULTS = {
-    ("vtrace", "layer_norm"): "none",
-    ("vtrace", "anneal_entropy_cost"): False,
-    ("vtrace", "lookahead"): 0,
-    ("vtrace", "grow_lookahead"): False,
-}
+    if LAYOUT_KEY not in data:
+        return data  # some fields, written by hand
+    try:
+        return migrated(data)  # a run's config.json
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def from_saved(data: dict) -> TrainConfig:
-    """The TrainConfig of a saved config.json (or a checkpoint's config); ValueError as from_dict."""
-    data = dict(data)
-    for (section, name), value in FORMER_DEFAULTS.items():
-        if isinstance(data.get(section), dict) and name not in data[section]:
-            data[section] = {**data[section], name: value}
-    return from_dict(TrainConfig, data)
+    """The TrainConfig of a saved config.json (or a checkpoint's config), migrated
+    from the layout it was saved in (seedq.config.layout); ValueError as from_dict."""
+    return from_dict(TrainConfig, migrated(data))
+
+
+def saved_dict(config: TrainConfig) -> dict:
+    """`config` as config.json and checkpoints hold it: its fields and the layout version."""
+    return with_layout(to_dict(config))
 
 
 def load(path: str) -> TrainConfig:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from seedq.config.checks import NETWORK_CHOICES, check_choice, check_non_negative, check_positive
 from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.server import AuthConfig, ServerConfig, TlsConfig
-from seedq.config.vtrace import CONTINUOUS_VTRACE, VTraceConfig
+from seedq.config.tracking import WandbConfig
+from seedq.config.vtrace import CONTINUOUS_VTRACE, PIXEL_VTRACE, VTraceConfig
 
 
 AGENTS = ("vtrace", "r2d2")
@@ -107,6 +108,7 @@ class TrainConfig:
     r2d2: R2D2Config = R2D2Config()
     devices: DevicesConfig = DevicesConfig()
     distributed: DistributedConfig = DistributedConfig()
+    wandb: WandbConfig = WandbConfig()
 
     def validate(self) -> None:
         """Raises ValueError naming the first field that is out of range: each
@@ -216,10 +218,27 @@ def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
     return dataclasses.replace(section, learning_rate_decay_frames=horizon)
 
 
-def defaults_for(continuous_actions: bool, target_return: Optional[float] = None) -> TrainConfig:
-    """The default run config for an env with Discrete or Box actions and the
-    env's registered target return (command-line flags are applied on top of it)."""
+# Observations count as pixels from this side up (uint8 frames): the Nature
+# CNN's smallest input. MinAtar's 10x10 grids keep the small-env defaults.
+PIXEL_MIN_SIDE = 36
+
+
+def is_pixel_observation(obs_shape: Sequence[int], obs_dtype) -> bool:
+    """Whether an env observes pixel frames: [H, W] or [H, W, C] uint8 with sides >= PIXEL_MIN_SIDE."""
+    import numpy as np
+
+    shape = tuple(obs_shape)
+    return np.dtype(obs_dtype) == np.uint8 and len(shape) in (2, 3) and min(shape[:2]) >= PIXEL_MIN_SIDE
+
+
+def defaults_for(continuous_actions: bool, target_return: Optional[float] = None,
+                 pixels: bool = False) -> TrainConfig:
+    """The default run config for an env with Discrete or Box actions, pixel
+    observations or not, and the env's registered target return
+    (command-line flags are applied on top of it)."""
     base = TrainConfig(target_return=target_return)
     if continuous_actions:
         return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
+    if pixels:
+        return dataclasses.replace(base, vtrace=PIXEL_VTRACE)
     return base

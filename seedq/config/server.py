@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from seedq.config.checks import check_channel, check_non_negative, check_positive
+from seedq.config.checks import check_channel, check_choice, check_non_negative, check_positive
 
 
 # The inference batcher's rules (seedq.server.batching).
 BATCHING_RULES = ("auto", "wait", "greedy")
+# What the inference loop does when the unroll queue is full (ServerConfig.queue_full).
+QUEUE_FULL_RULES = ("wait", "drop_oldest")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,11 @@ class ServerConfig:
     # inference batch's unrolls may take it past this by one batch (a strict
     # bound could deadlock: seedq.server.unrolls.UnrollQueue).
     queue_capacity_unrolls: int = 256
+    # When that queue is full: `wait` (backpressure: the actors go at the
+    # learner's pace, and round trips wait for train steps) or `drop_oldest`
+    # (inference never waits; the oldest unrolls are dropped and the learner
+    # trains on the freshest it can keep up with).
+    queue_full: str = "wait"
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
     # Env slots of all actors together: a handshake that would pass it is
@@ -56,6 +63,7 @@ class ServerConfig:
         })
         check_channel(self.keepalive_seconds, self.peer_timeout_seconds, "server.")
         check_batching_rule(self.batching)
+        check_choice("server.queue_full", self.queue_full, QUEUE_FULL_RULES)
         check_non_negative({"server.batch_timeout_ms": self.batch_timeout_ms, "server.health_port": self.health_port,
                             "server.max_envs": self.max_envs})
 

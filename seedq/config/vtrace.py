@@ -176,3 +176,15 @@ CONTINUOUS_VTRACE = VTraceConfig(
     reward_scale=0.1,
     shared_torso=False,
 )
+
+
+# V-trace defaults for pixel observations (Atari's 84x84 frames), where the
+# network, not the env, is the cost of a frame (docs/benchmarks.md, "The
+# learner's work per frame"): one pass over each batch and no lookahead, as
+# IMPALA and SEED train Atari (the small-env defaults' 4 passes over unrolls
+# 4x as long cost Pong's learner 15x the work per frame). Rewards are Atari's
+# clipped +-1 unscaled, as IMPALA's: under Adam, scaling the rewards by 0.1 is
+# the same as a 10x entropy bonus, and Pong's policy stayed uniform (entropy
+# ln 6) through 1.1M agent steps with it (docs/benchmarks.md, "Pong: the
+# reward scale and the entropy bonus").
+PIXEL_VTRACE = VTraceConfig(reuse=1, lookahead=0, reward_scale=1.0)

@@ -8,7 +8,8 @@ rows up to its checkpoint's frames and continues the file, as its
 TensorBoard curves continue.
 
 curves.png draws the return against frames and against elapsed time; it is
-redrawn when the run ends, where matplotlib is installed (the 'bench' extra). `plot_runs` overlays several runs (`seedq plot`).
+redrawn when the run ends (left out, with one line, where matplotlib is not
+installed). `plot_runs` overlays several runs (`seedq plot`).
 """
 
 from __future__ import annotations
@@ -100,10 +101,10 @@ def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None,
     """Draws the return of each run against frames and against elapsed seconds
     into `out` (png, pdf or svg by its extension); returns `out`. ValueError
     naming a run without curves.csv."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot: no backend is chosen or switched (a
+    # notebook keeps its inline plots) and no global state is shared with the
+    # caller's threads (seedq.train may run on any thread).
+    from matplotlib.figure import Figure
 
     labels = labels or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
     curves = []
@@ -112,7 +113,8 @@ def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None,
         if not os.path.exists(path):
             raise ValueError(f"{run_dir}: no {CSV_FILE} (not a seedq run directory, or one from before curves)")
         curves.append([r for r in read_rows(path) if r["return"] is not None])
-    fig, (by_frames, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    by_frames, by_time = fig.subplots(1, 2)
     for rows, label in zip(curves, labels):
         returns = [r["return"] for r in rows]
         by_frames.plot([r["frames"] for r in rows], returns, label=label)
@@ -128,5 +130,4 @@ def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None,
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out

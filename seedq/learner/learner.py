@@ -102,7 +102,7 @@ class Learner:
         capacity = config.server.queue_capacity_unrolls
         if group.multi:
             capacity = max(capacity // group.size, config.training_batch[1] // group.size)
-        self.queue = UnrollQueue(capacity)
+        self.queue = UnrollQueue(capacity, drop_oldest=config.server.queue_full == "drop_oldest")
         self.inference = InferenceServer(
             self.agent,
             self.spec,
@@ -490,7 +490,7 @@ class Learner:
             },
             episode_window={"returns": returns, "lengths": lengths},
             target=target,
-            config=config_lib.to_dict(self.config),
+            config=config_lib.saved_dict(self.config),
             replay=self.replay_checkpoint(),
         )
 

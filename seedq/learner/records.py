@@ -34,8 +34,7 @@ def run_records(config, tensorboard, *, resumed_frames: int | None) -> RunRecord
     from seedq.learner.curves import CurvesSink
 
     sinks = [tensorboard, CurvesSink(config.logdir, resumed_frames=resumed_frames)]
-    wandb = getattr(config, "wandb", None)
-    if wandb is not None and wandb.project:
+    if config.wandb.project:
         from seedq.learner.wandb_sink import WandbSink
 
         sinks.append(WandbSink(config))

@@ -326,7 +326,7 @@ class RunReporter:
 
     def evaluate_now(self):
         """Evaluates the current policy (greedy, `eval_episodes` from `eval_seed`)."""
-        from seedq.evaluate import Policy, evaluate
+        from seedq.evaluation import Policy, evaluate
 
         learner = self.learner
         params = learner.published_params(learner.snapshot()[0])  # at the server's precision

@@ -46,15 +46,20 @@ class WandbSink:
     def __init__(self, config):
         wandb = _import_wandb()
         options = config.wandb
-        self._run = wandb.init(
-            project=options.project,
-            entity=options.entity or None,
-            name=options.name or os.path.basename(os.path.normpath(config.logdir)),
-            id=run_id(config.logdir, lambda: secrets.token_hex(6)),
-            resume="allow",
-            dir=config.logdir,
-            config=dataclasses.asdict(config),
-        )
+        try:
+            self._run = wandb.init(
+                project=options.project,
+                entity=options.entity or None,
+                name=options.name or os.path.basename(os.path.normpath(config.logdir)),
+                id=run_id(config.logdir, lambda: secrets.token_hex(6)),
+                resume="allow",
+                dir=config.logdir,
+                config=dataclasses.asdict(config),
+            )
+        except wandb.Error as e:  # no login, no network, a bad entity: one line, not a traceback
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"--wandb.project {options.project}: W&B refused the run ({first_line}); "
+                             "WANDB_MODE=offline logs without an account") from None
         self._run.define_metric("frames")
         self._run.define_metric("*", step_metric="frames")
 

@@ -27,10 +27,17 @@ class UnrollQueue:
     batch and a chunk too big for the rest (one inference batch of many envs
     finishes its unrolls at once), the learner waited for unrolls that the
     inference loop waited to put. Any capacity >= the batch taken is safe.
+
+    `drop_oldest`: a chunk that finds the queue full is let in at once and the
+    oldest chunks are dropped to make room (counted in `dropped_unrolls`), so
+    the inference loop never waits for training; the learner trains on the
+    freshest unrolls it can keep up with.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, drop_oldest: bool = False):
         self.capacity = capacity
+        self.drop_oldest = drop_oldest
+        self.dropped_unrolls = 0
         self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._size = 0
         self._closed = False
@@ -50,7 +57,12 @@ class UnrollQueue:
             if self._closed:
                 raise QueueClosed()
             if not self._has_room():
-                return False
+                if not self.drop_oldest:
+                    return False
+                while self._chunks and not self._has_room():
+                    dropped = _count(self._chunks.popleft())
+                    self._size -= dropped
+                    self.dropped_unrolls += dropped
             self._append(chunk)
             return True
 

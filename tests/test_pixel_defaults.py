@@ -1,0 +1,38 @@
+"""The V-trace defaults follow the observation: pixel frames (Atari) get one
+pass per frame and unscaled clipped rewards; small grids and vectors keep the
+small-env defaults."""
+
+import json
+
+import numpy as np
+import pytest
+
+from seedq import cli
+from seedq.config import PIXEL_VTRACE, VTraceConfig, is_pixel_observation
+from seedq.flags import env_defaults
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("shape, dtype, pixels", [
+    ((84, 84), np.uint8, True),  # Atari's grey frames, stacked on the learner
+    ((64, 64, 3), np.uint8, True),
+    ((10, 10, 4), bool, False),  # MinAtar
+    ((10, 10, 4), np.uint8, False),  # too small for the Nature CNN
+    ((84,), np.uint8, False),
+    ((4,), np.float32, False),
+])
+def test_pixel_observations_are_uint8_frames_of_nature_cnn_size(shape, dtype, pixels):
+    assert is_pixel_observation(shape, dtype) is pixels
+
+
+def test_pong_gets_the_pixel_defaults_and_minatar_the_small_env_ones():
+    assert env_defaults("ALE/Pong-v5").vtrace == PIXEL_VTRACE
+    assert env_defaults("MinAtar/Breakout-v1").vtrace == VTraceConfig()
+    assert PIXEL_VTRACE.reuse == 1 and PIXEL_VTRACE.lookahead == 0
+
+
+def test_print_config_shows_the_pixel_defaults_and_flags_override_them(capsys):
+    assert cli.main(["train", "--env", "ALE/Pong-v5", "--vtrace.reuse", "2", "--print-config"]) == 0
+    vtrace = json.loads(capsys.readouterr().out)["vtrace"]
+    assert (vtrace["reuse"], vtrace["lookahead"], vtrace["reward_scale"]) == (2, 0, 1.0)
