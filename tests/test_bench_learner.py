@@ -55,6 +55,7 @@ def test_r2d2_counts_replayed_frames_once(capsys):
     cfg = env_defaults("CartPole-v1").r2d2
     assert result["frames_per_train_step"] == cfg.batch_size * cfg.trace_length / 4
     assert result["train_steps_per_second"] > 0 and result["macs_per_trained_frame"] > 0
+    assert result["network"] == "mlp"
 
 
 def test_bad_flags_are_one_line(capsys):

@@ -333,8 +333,8 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     learner), train steps on the Nature CNN, a checkpoint and a greedy evaluation."""
     logdir = tmp_path / agent
     result = seedq(
-        # 4,000 frames: V-trace's first batch (16 unrolls of 10 + 30 lookahead + 1
-        # steps from 8 envs) is complete at 8 x 51 steps = 3,264 frames.
+        # 4,000 frames: V-trace's first batch (16 unrolls of 10 + 1 steps from 8
+        # envs, the pixel defaults) is complete at 8 x 21 steps = 168 frames.
         "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "4000",
         "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "8",
         "--eval-episodes", "1", "--atari.max-episode-frames", "2000",

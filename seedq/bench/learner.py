@@ -171,7 +171,8 @@ def run(config, seconds: float = 5.0) -> dict:
     result = {
         "env": config.env,
         "agent": config.agent,
-        "network": getattr(agent, "network_name", None),
+        # V-trace names its torso; R2D2's Q-network carries it.
+        "network": getattr(agent, "network_name", None) or getattr(getattr(agent, "network", None), "torso", None),
         "observation_shape": list(spec.obs_shape),
         "precision": config.precision,
         "device": str(jax.devices()[0]),
