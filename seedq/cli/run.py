@@ -71,11 +71,32 @@ def run_config(args: argparse.Namespace):
         if config.distributed.explicit and not config.logdir:
             # (A default run directory is named by time and pid: one per process.)
             raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
-        return run_setup.prepare(config, spec), None
+        prepared = run_setup.prepare(config, spec)
+        if args.resume != "auto":  # auto resumes or starts fresh in the directory it is given
+            claim_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
+        return prepared, None
+    if getattr(args, "overwrite", False):
+        raise ValueError("--overwrite starts a fresh run: it cannot be combined with --resume")
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(saved_config(resume, "--resume"))
     return run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume)), resume
+
+
+def claim_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
+    """A fresh run's directory must not hold another run (two runs' files would
+    mix): ValueError naming --resume and --overwrite, or, with `overwrite`, the
+    old run is removed. In a learner group only process 0 checks, before the
+    group forms (the others find the directory process 0 has started)."""
+    from seedq import distributed, run_dirs
+
+    if config.distributed.process_id > 0 or distributed.is_supervised_child():
+        return
+    if not run_dirs.holds_run(config.logdir):
+        return
+    if not overwrite:
+        raise ValueError(run_dirs.refusal(config.logdir))
+    run_dirs.clear(config.logdir)
 
 
 def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
@@ -92,6 +113,10 @@ def add_run_command(sub, name: str, *, summary: str, description: str, resume_no
         help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
         "(flags given here override it)" + resume_note + "; `auto`: resume the --logdir run if it "
         "has a checkpoint, else start a fresh run there (restarted pods and VMs)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="start a fresh run in --logdir even when it holds a run: the old run's files are deleted",
     )
     return parser
 
@@ -134,6 +159,14 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         print(f"seedq {args.command}: {e}", file=sys.stderr)
         return exit_codes.USAGE
     config = prepared.config
+    if resume is not None and not getattr(args, "print_config", False):
+        from seedq import run_dirs
+
+        hint = run_dirs.finished_hint(run_dirs.read_summary(resume), max_frames=config.max_frames,
+                                      max_seconds=config.max_seconds, target_return=config.target_return)
+        if hint:  # resuming would stop at once
+            print(f"seedq {args.command}: {hint}", file=sys.stderr)
+            return exit_codes.FINISHED
     if args.command == "learner" and not config.address:
         print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
               file=sys.stderr)
