@@ -144,7 +144,7 @@ def cli_markdown() -> str:
         config_flags = [a for a in sub._actions if getattr(a, "doc_class", None) in run_config_classes]
         out.append("| option | value | default | description |\n|---|---|---|---|\n")
         for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or action in config_flags:
+            if isinstance(action, argparse._HelpAction) or action in config_flags or action.help == argparse.SUPPRESS:
                 continue
             if action.option_strings:
                 name = ", ".join(f"`{o}`" for o in action.option_strings)

@@ -84,3 +84,13 @@ def test_finished_hint_per_stop_reason():
                                   target_return=None) is None
     assert run_dirs.finished_hint({"stop_reason": "interrupted"}, max_frames=10, max_seconds=0,
                                   target_return=None) is None
+
+
+def test_an_actor_without_a_learner_says_it_waits_and_gives_up_on_stderr(tmp_path):
+    result = seedq("actor", "--server", f"unix:{tmp_path}/nothing.sock", "--env", "CartPole-v1",
+                   "--num-envs", "2", "--retry-max-seconds", "2", timeout=120)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert "waiting for the learner" in lines[0] and "nothing.sock" in lines[0], result.stderr
+    assert "giving up" in lines[-1], result.stderr

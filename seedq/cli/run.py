@@ -10,7 +10,7 @@ import sys
 
 from seedq import config as config_lib
 from seedq import exit_codes
-from seedq.cli.common import HelpFormatter
+from seedq.cli.common import HelpFormatter, add_section_help
 from seedq.config import TrainConfig
 from seedq.flags import add_config_flags, config_from_args
 
@@ -101,20 +101,23 @@ def claim_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
 
 def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
     """A command that runs a learner: every config flag plus --resume."""
-    parser = sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
+    parser = sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter,
+                            add_help=False, usage=f"seedq {name} [--env ENV] [--agent {{vtrace,r2d2}}] [FLAG ...]")
     add_config_flags(parser)
-    parser.add_argument(
-        "--config", metavar="RUN.json", default=None,
-        help="start from this run config (a run's config.json, or a JSON object of some fields "
-        "written by hand; unknown fields are errors); flags given here override it",
+    common = parser.help_sections["common"]
+    add_section_help(parser)
+    common.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="start from this run config: a YAML or JSON file of some fields (sections as mappings; "
+        "unknown fields are errors), or a run's config.json; flags given here override it",
     )
-    parser.add_argument(
+    common.add_argument(
         "--resume", metavar="RUN_DIR|auto", default=None,
         help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
         "(flags given here override it)" + resume_note + "; `auto`: resume the --logdir run if it "
         "has a checkpoint, else start a fresh run there (restarted pods and VMs)",
     )
-    parser.add_argument(
+    common.add_argument(
         "--overwrite", action="store_true",
         help="start a fresh run in --logdir even when it holds a run: the old run's files are deleted",
     )
@@ -127,13 +130,14 @@ def add_parsers(sub) -> None:
         summary="train locally: learner + actor processes on this host",
         description="Train locally: the learner plus `--num-actors` actor processes on this host.",
     )
-    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    train.add_argument("--quiet", action="store_true", help="no progress lines")
-    train.add_argument(
-        "--parent-pid", type=int, default=0,
-        help="stop cleanly (checkpoint and exit) when this process dies, even by SIGKILL: "
-        "for tools that start training runs, as `seedq bench suite` and `seedq compare` do; Linux only",
-    )
+    common = train.help_sections["common"]
+    common.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as JSON and exit (starts nothing)")
+    common.add_argument("--quiet", action="store_true", help="no progress lines")
+    # Internal (hidden from help): stop cleanly (checkpoint and exit) when this
+    # process dies, even by SIGKILL; `seedq bench suite` and `seedq compare`
+    # start their runs with it. Linux only.
+    train.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
 
     learner = add_run_command(
         sub, "learner",
@@ -142,9 +146,10 @@ def add_parsers(sub) -> None:
         "--address. With --min-actors N training waits for N actors.",
         resume_note="; running actors reconnect by themselves",
     )
-    learner.add_argument("--quiet", action="store_true", help="no progress lines")
-    learner.add_argument("--print-config", action="store_true",
-                         help="print the resolved config as JSON and exit (starts nothing)")
+    common = learner.help_sections["common"]
+    common.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as JSON and exit (starts nothing)")
+    common.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:

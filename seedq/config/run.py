@@ -44,15 +44,15 @@ class QuantConfig:
 class TrainConfig:
     """A whole training run (learner plus locally launched actors)."""
 
-    agent: str = "vtrace"
-    env: str = "CartPole-v1"
-    architecture: str = "seed"
+    agent: str = "vtrace"  # the learning algorithm: V-trace actor-critic or R2D2 (recurrent Q-learning)
+    env: str = "CartPole-v1"  # a gymnasium id, ALE/<Game>-v5, MinAtar/<Game>-v1 or dmc:<domain>-<task>
+    architecture: str = "seed"  # seed: inference on the learner; impala: actors hold a policy copy
     # Inference precision of the learner's server (fp32, bf16 or int8), for
     # any agent; training stays fp32.
     precision: str = "fp32"
-    seed: int = 0
-    num_actors: int = 2
-    envs_per_actor: int = 32
+    seed: int = 0  # seeds the parameters, the envs and the actors' sampling (docs/training.md: what it fixes)
+    num_actors: int = 2  # actor processes (one CPU core each is the rule of thumb)
+    envs_per_actor: int = 32  # envs each actor steps as one vector env
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
@@ -63,7 +63,7 @@ class TrainConfig:
     target_return: Optional[float] = None
     # 0 disables a limit.
     max_seconds: float = 300.0
-    max_frames: int = 0
+    max_frames: int = 0  # env frames to train on (all actors together)
     # Episodes averaged for `mean_return_last100` and the target check.
     return_window: int = 100
     logdir: str = ""  # default: runs/<agent>-<env>-<timestamp>
@@ -72,7 +72,7 @@ class TrainConfig:
     # Serve a non-loopback TCP address with neither TLS nor a token (anyone
     # who reaches the port can feed training data); refused without it.
     insecure: bool = False
-    log_every_seconds: float = 2.0
+    log_every_seconds: float = 2.0  # seconds between progress lines and TensorBoard scalars
     # Rewrite <logdir>/stats.json (counters, train-step timing, connected
     # actors; atomically) every this many seconds; 0: never.
     stats_every_seconds: float = 1.0
