@@ -2,7 +2,7 @@
 
 The SEED loop's speed on small machines is set by the latency of each
 message hop between processes, not by the work per message
-(docs/benchmarks.md, issue 2: ~600-700 rounds/s whatever a message carries).
+(docs/benchmarks.md, "Transport tuning": ~600-700 rounds/s whatever a message carries).
 Two settings cut that latency, and only together (2 actors x 32 CartPole
 envs, inference only: median 53k frames/s over 8 runs against 45k with
 gRPC and asyncio defaults; each setting alone: +3-5 %):

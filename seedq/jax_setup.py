@@ -14,7 +14,7 @@ def configure() -> None:
     calls are small (one inference batch of a 64-unit MLP is tens of
     microseconds of arithmetic), and async dispatch adds a thread hand-off to
     each that costs more than the work: the CartPole inference call took
-    ~80-110 us with it and ~31 us without (docs/benchmarks.md, issue 16). Set
+    ~80-110 us with it and ~31 us without (docs/benchmarks.md, "Inline CPU dispatch"). Set
     `JAX_CPU_ENABLE_ASYNC_DISPATCH=1` to keep JAX's default. Must run before
     the first JAX computation creates the CPU client; no effect on GPU/TPU.
 

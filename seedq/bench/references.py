@@ -1,4 +1,4 @@
-"""The learning suite's envs, frame budgets and published reference returns (issue 11).
+"""The learning suite's envs, frame budgets and published reference returns.
 
 A reference is the return a well-known implementation reaches on the env
 with its own tuned hyperparameters, within about the same budget; `source`

@@ -1,5 +1,5 @@
 """`seedq bench suite`: the defaults trained on a list of envs x seeds, scored
-against published returns (issue 11).
+against published returns.
 
 Every env x seed is one fresh `seedq train` process given only the env id,
 its frame budget (seedq.bench.references.SUITE, scaled by `frames_scale` or

@@ -93,7 +93,7 @@ def find_layers_in(fn: Callable, *args, **kwargs) -> list[LayerInfo]:
 # (F x A), so int8 saves nothing there, while its rounding error lands
 # directly on the logits. Measured on a trained CartPole policy whose int8
 # greedy action agreed with fp32 on 87.9 % of its states: 100 % with an
-# fp32 policy layer (docs/benchmarks.md, issue 4).
+# fp32 policy layer (docs/benchmarks.md, "Inference precision").
 OUTPUT_LAYER_NAMES = frozenset({"policy", "value"})
 
 
@@ -107,7 +107,7 @@ def quantizable_paths(layers: list[LayerInfo]) -> dict[tuple[str, ...], dict]:
         per-row int8 scale there, and the layer is tiny (obs_dim x hidden).
         On three trained CartPole policies this raised int8 agreement on
         greedy-rollout states from 97.6-98.4 % to 98.6-99.2 %
-        (docs/benchmarks.md, issue 4). Pixel-fed layers stay int8: their
+        (docs/benchmarks.md, "Inference precision"). Pixel-fed layers stay int8: their
         uint8 input is exact, and they are the CNNs' costliest layers.
     """
     return {
