@@ -244,7 +244,7 @@ async def run_actor(
     # Local actors (parent_pid: their learner is starting beside them) stay
     # quiet for the first interval; an actor started by hand says so at once.
     next_notice = disconnected_since + (WAITING_NOTICE_SECONDS if parent_pid else 0.0)
-    attempt = suspected_in_a_row = 0
+    suspected_in_a_row = 0
     told: set[str] = set()  # refusals already printed (each once)
     try:
         metadata = channel_lib.call_metadata(channel_config)
@@ -253,11 +253,12 @@ async def run_actor(
             while True:
                 connections_before = stats.connections
                 try:
-                    # A fresh episode seed per connection, so a restart does
-                    # not replay the same episodes.
+                    # A fresh episode seed per connection made, so a restart
+                    # does not replay the same episodes (attempts that found no
+                    # learner do not count: the first episodes follow the seed alone).
                     await connection(
                         stub, env, spec, actor_id=actor_id, num_envs=num_envs,
-                        env_id=env_id, seed=seed + 7919 * attempt, stats=stats,
+                        env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
                         skip_seconds=stats_skip_seconds,
                     )
                 except grpc.aio.AioRpcError as e:
@@ -280,7 +281,6 @@ async def run_actor(
                 except ConnectionError as e:
                     reason = str(e)
                     suspected_in_a_row = 0
-                attempt += 1
                 if stats.connections > connections_before:
                     # We had a learner and lost it: restart the backoff clock.
                     backoff, disconnected_since = 0.05, time.monotonic()

@@ -68,6 +68,8 @@ def run_config(args: argparse.Namespace):
         given = config_from_args(args, base=with_file(TrainConfig()))
         spec = run_setup.build_env_spec(given)
         config = config_from_args(args, base=with_file(run_setup.defaults_for_env(spec, given.env)))
+        if config.deterministic and args.num_actors is None and "num_actors" not in data:
+            config = dataclasses.replace(config, num_actors=1)  # one order of batches
         if config.distributed.explicit and not config.logdir:
             # (A default run directory is named by time and pid: one per process.)
             raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")

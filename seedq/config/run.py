@@ -98,6 +98,12 @@ class TrainConfig:
     # IMPALA mode: precision of the parameters actors pull and of their local
     # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
     actor_precision: str = "fp32"
+    # Two runs with the same seed and config give the same curves.csv (but its
+    # wall_seconds) and the same parameters: one actor, and inference waits after
+    # every finished unroll until the learner has trained on all full batches, so
+    # batches and the policy acting are the same whatever the machine's speed
+    # (slower; docs/training.md). The command line's default num_actors is 1 with it.
+    deterministic: bool = False
     server: ServerConfig = ServerConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
@@ -143,6 +149,7 @@ class TrainConfig:
         if self.agent == "r2d2":
             self.r2d2.validate(num_envs=self.num_actors * self.envs_per_actor)
         self._validate_devices()
+        self._validate_deterministic()
         check_non_negative({
             "min_actors": self.min_actors,
             "checkpoint_every_seconds": self.checkpoint_every_seconds,
@@ -166,6 +173,18 @@ class TrainConfig:
                 f"vtrace.reuse_pool={self.vtrace.reuse_pool}: needs server.queue_capacity_unrolls="
                 f"{capacity} >= batch_size x reuse_pool = {self.vtrace.batch_size * self.vtrace.reuse_pool}"
             )
+
+    def _validate_deterministic(self) -> None:
+        """A deterministic run has one order of batches: one actor, V-trace on SEED actors, one process."""
+        if not self.deterministic:
+            return
+        for name, value, needed in (("num_actors", self.num_actors, 1), ("agent", self.agent, "vtrace"),
+                                    ("architecture", self.architecture, "seed"),
+                                    ("eval_every_seconds", self.eval_every_seconds, 0.0)):
+            if value != needed:
+                raise ValueError(f"deterministic=true needs {name}={needed!r} (got {value!r})")
+        if self.distributed.explicit or self.distributed.num_processes > 1:
+            raise ValueError("deterministic=true runs on one learner process (no distributed.*)")
 
     def _validate_devices(self) -> None:
         """The training batch splits evenly over the devices and the processes."""
