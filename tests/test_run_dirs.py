@@ -50,17 +50,25 @@ def test_a_second_train_in_a_run_directory_exits_2_with_one_line_and_leaves_it_a
 
 
 def test_overwrite_clears_the_old_run_and_resume_auto_is_not_refused(tmp_path):
+    from seedq import cli
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("{}")
     (run / "summary.json").write_text("{}")
     (run / "checkpoints").mkdir()
-    run_dirs.clear(str(run))
-    assert list(run.iterdir()) == []
+
+    def resolve(*flags):
+        args = cli.build_parser().parse_args(["train", "--env", "CartPole-v1", "--logdir", str(run), *flags])
+        return cli.run_config(args)
+
+    with pytest.raises(ValueError, match="--overwrite"):
+        resolve()
     # --resume auto on a directory without a checkpoint starts fresh there, as launchers need.
-    (run / "config.json").write_text("{}")
-    printed = seedq("train", "--env", "CartPole-v1", "--logdir", str(run), "--resume", "auto", "--print-config")
-    assert printed.returncode == 0, printed.stderr
+    prepared, resume = resolve("--resume", "auto")
+    assert resume is None and prepared.config.logdir == str(run) and (run / "summary.json").exists()
+    prepared, resume = resolve("--overwrite")
+    assert resume is None and list(run.iterdir()) == []
 
 
 def test_resuming_a_finished_run_names_the_flag_that_extends_it(tmp_path):

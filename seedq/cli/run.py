@@ -74,7 +74,9 @@ def run_config(args: argparse.Namespace):
             # (A default run directory is named by time and pid: one per process.)
             raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
         prepared = run_setup.prepare(config, spec)
-        if args.resume != "auto":  # auto resumes or starts fresh in the directory it is given
+        # (--resume auto resumes or starts fresh in the directory it is given;
+        # --print-config starts nothing.)
+        if args.resume != "auto" and not getattr(args, "print_config", False):
             claim_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
         return prepared, None
     if getattr(args, "overwrite", False):
