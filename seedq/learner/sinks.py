@@ -71,33 +71,43 @@ def devices_text(devices: dict) -> str:
     return "" if inference == training else f" | devices {len(inference)}+{len(training)}"
 
 
+# The progress line fits a terminal this wide; optional parts that would pass it are left out.
+PROGRESS_COLUMNS = 120
+
+
 def progress_line(config: TrainConfig, tick: Tick) -> str:
+    """One line of at most PROGRESS_COLUMNS characters: time, frames and their
+    rate, the mean return (over return_window episodes), train steps and their
+    rate, then (as they fit, most telling first) a wait for actors, loss,
+    entropy (a collapsing policy shows here first) and a Box policy's std,
+    inference batch size and rule, the unroll queue, actors, the precision
+    when not fp32, inference latency p99 and a split of devices.
+    TensorBoard and stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
-    ret = "-" if s.mean_return is None else f"{s.mean_return:7.1f}"
-    loss = metrics.get("loss/total")
-    entropy = metrics.get("policy/entropy")
-    std = metrics.get("policy/std")  # Box actions
-    p99 = "-" if s.latency_p99_seconds is None else f"{1e3 * s.latency_p99_seconds:.1f}ms"
+    ret = "-" if s.mean_return is None else f"{s.mean_return:.1f}"
     # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
     batching = f" {s.batching}" if s.inference_batches else ""
-    waiting = (
-        f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else ""
-    )
-    return (
-        f"[{tick.elapsed_seconds:7.1f}s] frames {s.frames:>10,} ({tick.frames_per_second / 1e3:5.1f}k/s) "
-        f"| episodes {s.episodes:>6,} | return({config.return_window}) {ret} "
-        f"| train steps {s.train_steps:>6,} ({tick.steps_per_second:4.0f}/s) "
-        f"| infer batch {s.mean_inference_batch:5.1f}{batching} p99 {p99} "
-        f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
-        f"| actors {s.num_connected} "
-        f"| {config.precision}{int8_share_text(s.int8_plan)}"
-        + devices_text(s.devices)
-        + ("" if loss is None else f" | loss {loss:8.4f}")
-        # A policy collapsing to one action shows here first (learning health).
-        + ("" if entropy is None else f" | entropy {entropy:5.3f}")
-        + ("" if std is None else f" std {std:5.3f}")
-        + waiting
-    )
+    line = (
+        f"[{tick.elapsed_seconds:.0f}s] {s.frames:,} fr {tick.frames_per_second / 1e3:.1f}k/s "
+        f"| return {ret} | {s.train_steps:,} steps {tick.steps_per_second:.0f}/s"
+    )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
+    loss, entropy = metrics.get("loss/total"), metrics.get("policy/entropy")
+    std = metrics.get("policy/std")  # Box actions
+    optional = [
+        f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else "",
+        "" if loss is None else f" | loss {loss:.4g}",
+        "" if entropy is None else f" | entropy {entropy:.3f}" + ("" if std is None else f" std {std:.3f}"),
+        f" | batch {s.mean_inference_batch:.1f}{batching}",
+        f" | queue {s.queue_depth}/{s.queue_capacity}",
+        f" | {s.num_connected} actors",
+        "" if config.precision == "fp32" else f" | {config.precision}{int8_share_text(s.int8_plan)}",
+        "" if s.latency_p99_seconds is None else f" | p99 {1e3 * s.latency_p99_seconds:.1f}ms",
+        devices_text(s.devices),
+    ]
+    for part in optional:
+        if part and len(line) + len(part) <= PROGRESS_COLUMNS:
+            line += part
+    return line
 
 
 class ConsoleSink:

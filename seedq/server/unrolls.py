@@ -42,6 +42,8 @@ class UnrollQueue:
         self._size = 0
         self._closed = False
         self._cond = threading.Condition()
+        # The unrolls a `get` is waiting for (None: no getter waits).
+        self._getter_wants: int | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -79,8 +81,13 @@ class UnrollQueue:
     def get(self, batch_size: int, timeout: float | None = None) -> dict[str, np.ndarray] | None:
         """Exactly `batch_size` unrolls stacked along axis 0, or None on timeout/close."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
-                return None
+            self._getter_wants = batch_size
+            self._cond.notify_all()  # wait_starved
+            try:
+                if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
+                    return None
+            finally:
+                self._getter_wants = None
             if self._size < batch_size:
                 return None  # closed
             parts, need = [], batch_size
@@ -99,6 +106,14 @@ class UnrollQueue:
         if len(parts) == 1:
             return parts[0]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def wait_starved(self) -> None:
+        """Blocks until the consumer waits in `get` for more unrolls than the
+        queue holds (it has trained on everything it could take), or the queue
+        is closed: a deterministic run's inference waits for this."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or (
+                self._getter_wants is not None and self._size < self._getter_wants))
 
     def take_all(self, timeout: float | None = None) -> list[dict[str, np.ndarray]] | None:
         """Every chunk queued, as put (at least one unroll); None on timeout, or
