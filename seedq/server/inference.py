@@ -367,8 +367,11 @@ class InferenceServer:
             self.close()
             return
         if self.lockstep is not None and unrolls is not None:
-            # The next step acts with the parameters trained on every full batch so far.
+            # The next step acts with the parameters trained on every full batch
+            # so far. The wait is the learner's, as a full queue's is.
+            waited = time.perf_counter()
             self._halted = await asyncio.get_running_loop().run_in_executor(None, self.lockstep)
+            self.stats.backpressure_seconds += time.perf_counter() - waited
         self.stats.busy_seconds += time.perf_counter() - started
 
     def _record_answered(self) -> None:
