@@ -379,8 +379,9 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     else:  # plain log lines
         assert stdout.count(" steps ") == 3 and "\x1b[" not in stdout
         assert stdout.splitlines()[-1] == (
-            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | loss 0.5 | batch 12.5 wait | queue 3/256 "
-            "| 2 actors | p99 38.9ms"
+            # (The scripted learner's batch loop never waits: the actors set the pace.)
+            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | loss 0.5 | bottleneck env | batch 12.5 wait "
+            "| queue 3/256"
         )
     scalars = read_scalars(tmp_path)
     assert scalars["learner/policy_lag_mean"][-1] == (15000, 1.5)
@@ -473,3 +474,26 @@ def test_throughput_bench_reports_the_learners_cost_per_message():
     slack = 2 / (result["inference_calls_per_second"] * 2.0)
     expected = 1.0 if result["batching"] == "greedy" else 0.0
     assert result["greedy_batch_share"] == pytest.approx(expected, abs=slack)
+
+
+@pytest.mark.parametrize("busy, held, cpu, dropped, expected", [
+    (0.2, 0.0, 0.3, 0, "env"),  # the loop waited for the actors' steps
+    (0.9, 0.7, 0.95, 0, "training"),  # it waited for room in the unroll queue
+    (0.8, 0.1, 0.9, 0, "inference"),  # running the policy took most of it
+    (0.1, 0.0, 0.8, 0, "transport"),  # busy with the messages themselves
+    (0.1, 0.0, 0.1, 60, "training"),  # drop_oldest: most unrolls dropped unseen
+])
+def test_the_progress_tick_and_the_summary_name_the_bottleneck(busy, held, cpu, dropped, expected):
+    import dataclasses
+
+    from fake_learner import learner_stats
+
+    from seedq.learner.sinks import Tick
+
+    # Two snapshots 10 s apart; the second's counters grew by the shares above.
+    before = learner_stats(time=100.0, inference_batches=10, server_thread_cpu_seconds=5.0, queue_put_unrolls=100)
+    after = dataclasses.replace(
+        before, time=110.0, inference_batches=500, inference_busy_seconds=10 * busy, queue_held_seconds=10 * held,
+        server_thread_cpu_seconds=5.0 + 10 * cpu, queue_put_unrolls=200, queue_dropped_unrolls=dropped)
+    assert Tick.after(before, before.time, after, {}, 10.0).bottleneck == expected
+    assert Tick.after(learner_stats(), 0.0, learner_stats(time=1.0), {}, 1.0).bottleneck is None  # no batch yet

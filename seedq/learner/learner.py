@@ -481,6 +481,9 @@ class Learner:
             batch_source=dict(source_stats()) if source_stats is not None else {},
             int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
             devices=self.describe_devices(),
+            inference_busy_seconds=inference.busy_seconds, queue_held_seconds=inference.backpressure_seconds,
+            server_thread_cpu_seconds=self.server_thread_cpu_seconds(),
+            queue_put_unrolls=self.queue.put_unrolls, queue_dropped_unrolls=self.queue.dropped_unrolls,
             **interval,
         )
 

@@ -23,6 +23,7 @@ from tensorboardX import SummaryWriter
 
 from seedq import atomic_files
 from seedq.config import TrainConfig
+from seedq.learner.bottleneck import run_bottleneck
 from seedq.learner.run_control import RunClock, TargetRecord
 from seedq.learner.stats import LearnerStats
 
@@ -37,6 +38,8 @@ class Tick:
     elapsed_seconds: float
     frames_per_second: float
     steps_per_second: float
+    # Which capacity set the interval's rate (seedq.learner.bottleneck); None: unknown.
+    bottleneck: str | None = None
 
     @classmethod
     def after(cls, previous: LearnerStats, previous_time: float, stats: LearnerStats,
@@ -47,7 +50,26 @@ class Tick:
             stats, metrics, elapsed_seconds,
             frames_per_second=(stats.frames - previous.frames) / dt,
             steps_per_second=(stats.train_steps - previous.train_steps) / dt,
+            bottleneck=bottleneck_between(previous, stats, stats.time - previous_time),
         )
+
+
+def bottleneck_between(earlier: LearnerStats, later: LearnerStats, seconds: float) -> str | None:
+    """The verdict over the `seconds` from `earlier` to `later` (None before any inference batch)."""
+    if later.inference_batches == earlier.inference_batches and not later.inference_batches:
+        return None  # no batch yet (or an IMPALA learner, which runs no inference)
+
+    def cpu(s: LearnerStats):
+        return s.server_thread_cpu_seconds
+
+    return run_bottleneck(
+        seconds,
+        busy_seconds=later.inference_busy_seconds - earlier.inference_busy_seconds,
+        held_seconds=later.queue_held_seconds - earlier.queue_held_seconds,
+        thread_cpu_seconds=None if cpu(later) is None or cpu(earlier) is None else cpu(later) - cpu(earlier),
+        frames=later.queue_put_unrolls - earlier.queue_put_unrolls,
+        dropped_frames=later.queue_dropped_unrolls - earlier.queue_dropped_unrolls,
+    )
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -80,7 +102,8 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     rate, the mean return (over return_window episodes), train steps and their
     rate, then (as they fit, most telling first) a wait for actors, loss,
     entropy (a collapsing policy shows here first) and a Box policy's std,
-    inference batch size and rule, the unroll queue, actors, the precision
+    the interval's bottleneck (seedq.learner.bottleneck), inference batch
+    size and rule, the unroll queue, actors, the precision
     when not fp32, inference latency p99 and a split of devices.
     TensorBoard and stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
@@ -97,6 +120,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else "",
         "" if loss is None else f" | loss {loss:.4g}",
         "" if entropy is None else f" | entropy {entropy:.3f}" + ("" if std is None else f" std {std:.3f}"),
+        "" if tick.bottleneck is None else f" | bottleneck {tick.bottleneck}",
         f" | batch {s.mean_inference_batch:.1f}{batching}",
         f" | queue {s.queue_depth}/{s.queue_capacity}",
         f" | {s.num_connected} actors",
@@ -315,6 +339,13 @@ def summary_json(
         "error": error,
         "actor_runs": stats.actor_runs_started,
         "mean_inference_batch": stats.mean_inference_batch,
+        # Which capacity set this segment's rate: env, inference, training or
+        # transport (seedq.learner.bottleneck; as `seedq bench throughput --json`).
+        "bottleneck": run_bottleneck(
+            segment_seconds, busy_seconds=stats.inference_busy_seconds, held_seconds=stats.queue_held_seconds,
+            thread_cpu_seconds=stats.server_thread_cpu_seconds, frames=stats.queue_put_unrolls,
+            dropped_frames=stats.queue_dropped_unrolls,
+        ) if stats.inference_batches else None,
         # The batcher's rule: as configured, in force at the end, and the share of batches run greedily.
         "batching": {
             "rule": config.server.batching,

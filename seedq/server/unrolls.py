@@ -38,6 +38,7 @@ class UnrollQueue:
         self.capacity = capacity
         self.drop_oldest = drop_oldest
         self.dropped_unrolls = 0
+        self.put_unrolls = 0  # every unroll let in (the dropped ones too)
         self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._size = 0
         self._closed = False
@@ -133,6 +134,7 @@ class UnrollQueue:
     def _append(self, chunk):
         self._chunks.append(chunk)
         self._size += _count(chunk)
+        self.put_unrolls += _count(chunk)
         self._cond.notify_all()
 
 
