@@ -44,14 +44,13 @@ def test_help_of_one_section_and_of_everything(capsys):
     assert code == 2 and "vtrace" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["train", "learner"])
-def test_every_flag_has_a_description(command):
-    (sub,) = [p for line, p in cli.subcommands(cli.build_parser(), "seedq") if line == f"seedq {command}"]
-    for action in sub._actions:
-        if action.help == argparse.SUPPRESS:
-            continue
-        text = (action.help or "").split("(default:")[0].strip()
-        assert text, f"{action.option_strings} has no description"
+def test_every_flag_of_every_command_has_a_description():
+    for line, sub in cli.subcommands(cli.build_parser(), "seedq"):
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+                continue
+            text = (action.help or "").split("(default:")[0].strip()
+            assert text, f"{line} {action.option_strings or action.dest} has no description"
 
 
 def test_a_mistyped_flag_is_one_short_line_with_close_matches(capsys):
