@@ -277,7 +277,8 @@ async def run_actor(
                         refused = suspected
                     if refused:
                         raise FatalActorError(f"learner at {address} refused actor {actor_id}: {refused}") from None
-                    reason = f"{e.code().name}: {e.details()}"
+                    # A refusal already said once above is named by its code alone.
+                    reason = e.code().name if e.details() in told else f"{e.code().name}: {e.details()}"
                 except ConnectionError as e:
                     reason = str(e)
                     suspected_in_a_row = 0
