@@ -228,7 +228,7 @@ def trained_since(output: str, steps: int) -> bool:
     import re
 
     resumed = output.split("resuming from", 1)
-    shown = re.findall(r"train steps\s+([\d,]+)", resumed[1]) if len(resumed) == 2 else []
+    shown = re.findall(r"\| ([\d,]+) steps ", resumed[1]) if len(resumed) == 2 else []
     return any(int(n.replace(",", "")) > steps for n in shown)
 
 

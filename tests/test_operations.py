@@ -380,8 +380,8 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
         assert stdout.count(" steps ") == 3 and "\x1b[" not in stdout
         assert stdout.splitlines()[-1] == (
             # (The scripted learner's batch loop never waits: the actors set the pace.)
-            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | loss 0.5 | bottleneck env | batch 12.5 wait "
-            "| queue 3/256"
+            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | 2 actors | loss 0.5 | bottleneck env "
+            "| batch 12.5 wait"
         )
     scalars = read_scalars(tmp_path)
     assert scalars["learner/policy_lag_mean"][-1] == (15000, 1.5)
@@ -394,24 +394,29 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     assert scalars["grad_norm"][-1] == (15000, 1.25)
 
 
-def test_progress_line_fits_120_columns_keeping_loss_and_entropy():
+def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck():
     import dataclasses
 
     from fake_learner import learner_stats
 
     from seedq.config import TrainConfig
-    from seedq.learner.sinks import PROGRESS_COLUMNS, Tick, progress_line
+    from seedq.learner.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
 
-    # A long run's counters, a Box policy, int8 inference on split devices.
-    stats = learner_stats(frames=2_345_678_901, train_steps=9_876_543, mean_return=-12345.6, inference_batches=9,
-                          mean_inference_batch=1234.5, batching="greedy", queue_depth=4096, queue_capacity=4096,
-                          latency_p99_seconds=1.5, devices={"inference": [0], "training": [1, 2, 3]})
-    metrics = {"loss/total": -123.456789, "policy/entropy": -1.467, "policy/std": 0.195}
-    line = progress_line(TrainConfig(precision="int8"), Tick(stats, metrics, 123456.0, 123456.0, 1234.0))
-    assert PROGRESS_COLUMNS == 120 and len(line) <= 120, line
-    assert "| loss -123.5 | entropy -1.467 std 0.195" in line
-    quiet = dataclasses.replace(stats, frames=90_000, train_steps=700, mean_return=475.0)
-    assert len(progress_line(TrainConfig(), Tick(quiet, metrics, 10.0, 9000.0, 70.0))) <= 120
+    # Two hours of Atari on 16 actors: every everyday figure fits.
+    stats = learner_stats(frames=10_000_000, train_steps=100_000, mean_return=-20.5, inference_batches=9,
+                          mean_inference_batch=512.0, batching="greedy", queue_depth=64, queue_capacity=256,
+                          latency_p99_seconds=0.02, actors=tuple(object() for _ in range(16)))
+    metrics = {"loss/total": 0.012345, "policy/entropy": 1.234}
+    tick = dataclasses.replace(Tick(stats, metrics, 7200.0, 1389.0, 13.9), bottleneck="inference")
+    line = progress_line(TrainConfig(precision="int8"), tick)
+    assert line.startswith("[120m] 10.0M fr 1.4k/s | return -20.5 | 100k steps 14/s | 16 actors | loss 0.0123 ")
+    assert "| entropy 1.234 | bottleneck inference" in line and len(line) <= PROGRESS_COLUMNS == 120, line
+    # Counters past any real run's reach, a Box policy, int8 on split devices: still 120 at most.
+    huge = dataclasses.replace(stats, frames=2_345_678_901, train_steps=9_876_543, mean_return=-12345.6,
+                               devices={"inference": [0], "training": [1, 2, 3]})
+    boxed = {"loss/total": -123.456789, "policy/entropy": -1.467, "policy/std": 0.195}
+    assert len(progress_line(TrainConfig(precision="int8"), Tick(huge, boxed, 123456.0, 123456.0, 1234.0))) <= 120
+    assert [short_count(n) for n in (94_112, 150_000, 12_345_678, 1_234_567_890)] == ["94,112", "150k", "12.3M", "1.23G"]
 
 
 def test_progress_line_shows_entropy_and_a_box_policys_std():

@@ -81,7 +81,7 @@ def test_resume_auto_starts_fresh_or_resumes_the_run_directory(tmp_path, capsys)
 
 
 def _train_steps(log) -> int:
-    found = re.findall(r"train steps\s+([\d,]+) \(", log.read_text())
+    found = re.findall(r"\| ([\d,]+) steps ", log.read_text())
     return int(found[-1].replace(",", "")) if found else 0
 
 

@@ -93,6 +93,22 @@ def devices_text(devices: dict) -> str:
     return "" if inference == training else f" | devices {len(inference)}+{len(training)}"
 
 
+def short_count(n: int) -> str:
+    """A counter in at most 7 characters: 94,112; 150k; 12.3M; 1.23G."""
+    if n < 100_000:
+        return f"{n:,}"
+    if n < 1_000_000:
+        return f"{n / 1e3:.0f}k"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e9:.2f}G"
+
+
+def short_duration(seconds: float) -> str:
+    """Seconds below 1,000 (`734s`), whole minutes above (`120m`)."""
+    return f"{seconds:.0f}s" if seconds < 999.5 else f"{seconds / 60:.0f}m"
+
+
 # The progress line fits a terminal this wide; optional parts that would pass it are left out.
 PROGRESS_COLUMNS = 120
 
@@ -100,30 +116,30 @@ PROGRESS_COLUMNS = 120
 def progress_line(config: TrainConfig, tick: Tick) -> str:
     """One line of at most PROGRESS_COLUMNS characters: time, frames and their
     rate, the mean return (over return_window episodes), train steps and their
-    rate, then (as they fit, most telling first) a wait for actors, loss,
-    entropy (a collapsing policy shows here first) and a Box policy's std,
-    the interval's bottleneck (seedq.learner.bottleneck), inference batch
-    size and rule, the unroll queue, actors, the precision
-    when not fp32, inference latency p99 and a split of devices.
-    TensorBoard and stats.json keep every figure."""
+    rate, connected actors, then (as they fit, most telling first) a wait for
+    actors, loss, entropy (a collapsing policy shows here first) and a Box
+    policy's std, the interval's bottleneck (seedq.learner.bottleneck),
+    inference batch size and rule, the unroll queue, the precision when not
+    fp32, inference latency p99 and a split of devices. TensorBoard and
+    stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
     ret = "-" if s.mean_return is None else f"{s.mean_return:.1f}"
     # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
     batching = f" {s.batching}" if s.inference_batches else ""
     line = (
-        f"[{tick.elapsed_seconds:.0f}s] {s.frames:,} fr {tick.frames_per_second / 1e3:.1f}k/s "
-        f"| return {ret} | {s.train_steps:,} steps {tick.steps_per_second:.0f}/s"
+        f"[{short_duration(tick.elapsed_seconds)}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
+        f"| return {ret} | {short_count(s.train_steps)} steps {tick.steps_per_second:.0f}/s "
+        f"| {s.num_connected} actors"
     )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
     loss, entropy = metrics.get("loss/total"), metrics.get("policy/entropy")
     std = metrics.get("policy/std")  # Box actions
     optional = [
         f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else "",
-        "" if loss is None else f" | loss {loss:.4g}",
+        "" if loss is None else f" | loss {loss:.3g}",
         "" if entropy is None else f" | entropy {entropy:.3f}" + ("" if std is None else f" std {std:.3f}"),
         "" if tick.bottleneck is None else f" | bottleneck {tick.bottleneck}",
         f" | batch {s.mean_inference_batch:.1f}{batching}",
         f" | queue {s.queue_depth}/{s.queue_capacity}",
-        f" | {s.num_connected} actors",
         "" if config.precision == "fp32" else f" | {config.precision}{int8_share_text(s.int8_plan)}",
         "" if s.latency_p99_seconds is None else f" | p99 {1e3 * s.latency_p99_seconds:.1f}ms",
         devices_text(s.devices),
