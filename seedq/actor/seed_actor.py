@@ -44,6 +44,9 @@ log = logging.getLogger("seedq.actor")
 MAX_BACKOFF_SECONDS = 1.0
 # An actor without a learner says so once, then every this many seconds.
 WAITING_NOTICE_SECONDS = 30.0
+# The first notice waits this long, so that a refusal that ends the actor
+# within a few reconnects (a TLS or token mismatch) is its only line.
+FIRST_NOTICE_SECONDS = 2.0
 
 # Vector steps before the time split's steady-state window opens.
 WARM_STEPS = 50
@@ -242,8 +245,8 @@ async def run_actor(
     spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
     # Local actors (parent_pid: their learner is starting beside them) stay
-    # quiet for the first interval; an actor started by hand says so at once.
-    next_notice = disconnected_since + (WAITING_NOTICE_SECONDS if parent_pid else 0.0)
+    # quiet for the first interval; an actor started by hand says so soon.
+    next_notice = disconnected_since + (WAITING_NOTICE_SECONDS if parent_pid else FIRST_NOTICE_SECONDS)
     suspected_in_a_row = 0
     told: set[str] = set()  # refusals already printed (each once)
     try:
@@ -285,7 +288,7 @@ async def run_actor(
                 if stats.connections > connections_before:
                     # We had a learner and lost it: restart the backoff clock.
                     backoff, disconnected_since = 0.05, time.monotonic()
-                    next_notice = disconnected_since
+                    next_notice = disconnected_since + FIRST_NOTICE_SECONDS
                 now = time.monotonic()
                 if now >= next_notice:
                     print(f"actor {actor_id}: waiting for the learner at {address} "
