@@ -116,12 +116,12 @@ PROGRESS_COLUMNS = 120
 def progress_line(config: TrainConfig, tick: Tick) -> str:
     """One line of at most PROGRESS_COLUMNS characters: time, frames and their
     rate, the mean return (over return_window episodes), train steps and their
-    rate, connected actors, then (as they fit, most telling first) a wait for
-    actors, loss, entropy (a collapsing policy shows here first) and a Box
-    policy's std, the interval's bottleneck (seedq.learner.bottleneck),
-    inference batch size and rule, the unroll queue, the precision when not
-    fp32, inference latency p99 and a split of devices. TensorBoard and
-    stats.json keep every figure."""
+    rate, connected actors and a split of devices (fixed for the run), then
+    (as they fit, most telling first) a wait for actors, loss, entropy (a
+    collapsing policy shows here first) and a Box policy's std, the interval's
+    bottleneck (seedq.learner.bottleneck), inference batch size and rule, the
+    unroll queue, the precision when not fp32 and inference latency p99.
+    TensorBoard and stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
     ret = "-" if s.mean_return is None else f"{s.mean_return:.1f}"
     # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
@@ -129,7 +129,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     line = (
         f"[{short_duration(tick.elapsed_seconds)}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
         f"| return {ret} | {short_count(s.train_steps)} steps {tick.steps_per_second:.0f}/s "
-        f"| {s.num_connected} actors"
+        f"| {s.num_connected} actors{devices_text(s.devices)}"
     )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
     loss, entropy = metrics.get("loss/total"), metrics.get("policy/entropy")
     std = metrics.get("policy/std")  # Box actions
@@ -142,7 +142,6 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
         f" | queue {s.queue_depth}/{s.queue_capacity}",
         "" if config.precision == "fp32" else f" | {config.precision}{int8_share_text(s.int8_plan)}",
         "" if s.latency_p99_seconds is None else f" | p99 {1e3 * s.latency_p99_seconds:.1f}ms",
-        devices_text(s.devices),
     ]
     for part in optional:
         if part and len(line) + len(part) <= PROGRESS_COLUMNS:
