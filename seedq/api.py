@@ -113,13 +113,16 @@ def train_args(config=None, overrides: Mapping[str, Any] | None = None) -> argpa
         argv += _flags_for(config, dests)
     elif config is not None:
         argv += [f"--config={os.fspath(config)}"]
-    argv += _flags_for(dict(overrides or {}), dests)
+    overrides = dict(overrides or {})
+    overwrite = bool(overrides.pop("overwrite", False))  # a switch of the command, not a field
+    argv += _flags_for(overrides, dests)
     parser.exit_on_error = False  # bad values raise here instead of exiting the caller
     try:
         args = parser.parse_args(argv)
     except argparse.ArgumentError as e:
         raise ValueError(str(e).replace("argument --", "--")) from None
     args.command = "train"
+    args.overwrite = overwrite
     return args
 
 
@@ -130,7 +133,8 @@ def train(config=None, *, quiet: bool = False, **overrides: Any) -> Run:
     `config`: a `TrainConfig`, a dict of fields, or the path of a config file
     (`--config`); `overrides`: config fields by name, sections as dicts, e.g.
     `train(env="CartPole-v1", max_seconds=120, logdir="runs/a",
-    vtrace={"learning_rate": 3e-4})`. `resume="RUN_DIR"` continues a run.
+    vtrace={"learning_rate": 3e-4})`. `resume="RUN_DIR"` continues a run; a `logdir` that
+    holds a run is refused unless `overwrite=True` (or `resume="auto"`).
     Defaults that depend on the env (its target return, Box-action settings)
     apply as on the command line. `quiet`: no progress lines.
     ValueError (one line) for a bad field or value.

@@ -24,6 +24,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import secrets
 import socket
 import stat
 
@@ -229,63 +230,87 @@ async def add_health_service(*servers: grpc.aio.Server):
     return set_serving
 
 
+# Longest unix socket path the kernel takes (sockaddr_un.sun_path, less its NUL).
+_MAX_UNIX_PATH = 107
+
+
 def claim_unix_path(path: str) -> None:
-    """Makes `path` free for a new socket: removes a stale socket (one that
-    nobody listens on: a crashed learner's), and raises OSError (one line)
-    for anything else there - a file that is not a socket, or the socket of
-    a learner that is still serving."""
+    """Makes `path` free for a new socket: removes a stale one (nobody
+    listens on it: a crashed learner's), and raises OSError (one line) for
+    anything else there - a file that is not a socket, or the socket of a
+    learner that is still serving."""
     try:
-        mode = os.lstat(path).st_mode
+        st = os.lstat(path)
     except FileNotFoundError:
         return
-    if not stat.S_ISSOCK(mode):
+    if not (stat.S_ISSOCK(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         raise OSError(f"{path}: exists and is not a socket; refusing to replace it (choose another --address)")
+    if stat.S_ISLNK(st.st_mode) and os.path.exists(path) and not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise OSError(f"{path}: a link to something that is not a socket; refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        os.unlink(path)  # a stale socket from a crashed learner
-        return
-    except FileNotFoundError:
+        probe.connect(path)  # (through a learner's link to its socket)
+    except (ConnectionRefusedError, FileNotFoundError):
+        # Stale: a crashed learner's socket, or its link to one (and that socket).
+        if stat.S_ISLNK(st.st_mode):
+            target = os.path.join(os.path.dirname(path), os.readlink(path))
+            if os.path.exists(target) and stat.S_ISSOCK(os.lstat(target).st_mode):
+                os.unlink(target)
+        os.unlink(path)
         return
     finally:
         probe.close()
     raise OSError(f"{path}: another process is serving on this socket (another learner?)")
 
 
-def socket_identity(path: str) -> tuple[int, int]:
-    st = os.lstat(path)
-    return st.st_dev, st.st_ino
+def _private_path(path: str) -> str | None:
+    """Where a learner's gRPC server binds for `path`: beside it, a name of
+    its own (None when that would pass the kernel's length limit)."""
+    private = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{secrets.token_hex(4)}")
+    return private if len(private.encode()) <= _MAX_UNIX_PATH else None
 
 
-def remove_unix_socket(path: str, identity: tuple[int, int]) -> None:
-    """Removes the socket this learner bound at `path`, unless something
-    else has taken the path since (another learner's socket stays)."""
-    try:
-        if socket_identity(path) == identity:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+def bind_unix(server: grpc.aio.Server, address: str, credentials=None) -> tuple[int, tuple[str, str] | None]:
+    """Binds `address` (unix:PATH) for the learner, mode 0600 (its owner
+    only); returns (gRPC's port, what `remove_unix_socket` takes).
 
-
-def listen_unix(server: grpc.aio.Server, address: str) -> tuple[int, tuple[int, int] | None]:
-    """Binds a unix socket readable and writable by its owner only (mode
-    0600); returns (gRPC's port, the socket file's identity for
-    `remove_unix_socket`)."""
+    gRPC itself unlinks a unix socket's path when its server goes, whoever
+    holds that path by then. So the server binds a path of this process's
+    own beside PATH, and PATH becomes a symbolic link to it (clients connect
+    through it): at exit each learner removes its own link only, never a
+    later learner's socket at PATH."""
     path = address[len("unix:"):]
     claim_unix_path(path)
+    private = _private_path(path)
+    target = private or path
     # The umask makes the socket 0600 from its creation on (no window where
     # another local user could connect); the learner has no other threads
     # creating files yet while it starts serving.
     previous = os.umask(0o177)
     try:
-        port = server.add_insecure_port(address)
+        bound = f"unix:{target}"
+        port = server.add_secure_port(bound, credentials) if credentials else server.add_insecure_port(bound)
     finally:
         os.umask(previous)
     if not port:
         return port, None
-    os.chmod(path, 0o600)
-    return port, socket_identity(path)
+    os.chmod(target, 0o600)
+    if not private:
+        return port, None
+    link = f"{private}.link"
+    os.symlink(os.path.basename(private), link)  # relative: the pair can move together
+    os.replace(link, path)
+    return port, (path, os.path.basename(private))
+
+
+def remove_unix_socket(path: str, private: str) -> None:
+    """Removes the link at `path` if it is still this learner's (points to
+    `private`); a later learner's socket or link there stays."""
+    try:
+        if os.path.islink(path) and os.readlink(path) == private:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def health_host(address: str) -> str:

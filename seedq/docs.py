@@ -123,7 +123,9 @@ def cli_markdown() -> str:
     run_config_classes = _nested_classes(config.TrainConfig)
     out = [HEADER, "# Command-line reference\n\n"]
     out.append(
-        "`seedq` is installed as a console script (`python -m seedq.cli` is the same).\n"
+        "`seedq` is installed as a console script (`python -m seedq` is the same; `seedq --version`\n"
+        "prints the version). `seedq train --help` shows the everyday flags, `--help SECTION` one\n"
+        "section's and `--help-all` all of them.\n"
         "Errors in arguments, a missing run directory or an incompatible checkpoint print one\n"
         "line on stderr and exit non-zero (2 for bad arguments).\n"
     )
@@ -144,7 +146,7 @@ def cli_markdown() -> str:
         config_flags = [a for a in sub._actions if getattr(a, "doc_class", None) in run_config_classes]
         out.append("| option | value | default | description |\n|---|---|---|---|\n")
         for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or action in config_flags:
+            if isinstance(action, argparse._HelpAction) or action in config_flags or action.help == argparse.SUPPRESS:
                 continue
             if action.option_strings:
                 name = ", ".join(f"`{o}`" for o in action.option_strings)

@@ -254,10 +254,18 @@ def load_policy(
             f"{step_dir}: its env {config.env!r} imports or calls code named in the checkpoint; "
             "give it explicitly (--env, or env= of seedq.load_policy; the same id, if you trust it)"
         )
+    trained_on = config.env
     overrides = {k: v for k, v in (("env", env), ("precision", precision)) if v}
     config = dataclasses.replace(config, **overrides)
     config.validate()
     spec = env_spec(config.env, config.env_options)
+    if config.env != trained_on and not names_code(trained_on):
+        mismatch = env_spec(trained_on, config.env_options).describe_mismatch(spec)
+        if mismatch:
+            raise checkpoint.CheckpointError(
+                f"{step_dir}: trained on {trained_on}, which {config.env} does not fit ({mismatch}); "
+                f"evaluate it on {trained_on} (leave out --env)"
+            )
     agent = make_agent(config, spec)
     like_state = jax.jit(agent.init)(jax.random.PRNGKey(0))
     snapshot, step_dir = checkpoint.restore(

@@ -139,25 +139,102 @@ def optional_inner(hint):
     return None
 
 
+# The everyday flags: `seedq train --help` shows these (with the command's own
+# --config, --resume, ...); every other field is listed per section.
+COMMON_FIELDS = (
+    "agent", "env", "seed", "num_actors", "envs_per_actor", "max_frames", "max_seconds", "target_return",
+    "logdir", "precision", "deterministic",
+)
+
+# The help's group of the top-level fields that are not common.
+RUN_SECTION = "run"
+
+
+def field_choices() -> dict[str, tuple[str, ...]]:
+    """{dotted field name: its choices} for the config's string fields that take one of a few words."""
+    c = config_lib
+    return {
+        "agent": c.AGENTS, "architecture": c.ARCHITECTURES, "precision": c.PRECISIONS,
+        "actor_precision": c.ACTOR_PRECISIONS, "server.batching": c.BATCHING_RULES,
+        "server.queue_full": c.QUEUE_FULL_RULES, "vtrace.layer_norm": c.LAYER_NORM_MODES,
+        "vtrace.network": c.NETWORK_CHOICES, "r2d2.network": c.NETWORK_CHOICES,
+    }
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, prefix + key + "."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def env_dependent_fields() -> frozenset[str]:
+    """Dotted names of the fields whose default depends on the env (its target
+    return, Box actions, pixel frames: config.defaults_for)."""
+    variants = [_flat(config_lib.to_dict(config_lib.defaults_for(box, None, pixels)))
+                for box, pixels in ((False, False), (True, False), (False, True))]
+    changing = {k for k in variants[0] if len({repr(v[k]) for v in variants}) > 1}
+    return frozenset(changing | {"target_return"})
+
+
+def section_summary(cls) -> str:
+    """The first sentence of a config section's docstring (its help group's description)."""
+    doc = " ".join((inspect.getdoc(cls) or "").split())
+    return doc.split(". ")[0].rstrip(".")
+
+
+def _help_text(cls, field, dotted: str) -> str:
+    comment = field_comments(cls).get(field.name, "")
+    if dotted in env_dependent_fields():
+        default = (f"env-dependent, {format_default(field.default) or '(empty)'} for CartPole-v1; "
+                   "see --print-config --env ENV")
+    else:
+        default = format_default(field.default)
+    return (f"{comment} " if comment else "").replace("%", "%%") + f"(default: {default})"
+
+
+def help_group(parser: argparse.ArgumentParser, name: str, description: str | None = None):
+    """The argument group `name` of `parser` (created on first use): `--help
+    SECTION` shows one group (seedq.cli.common.SectionHelp)."""
+    groups = parser.__dict__.setdefault("help_sections", {})
+    if name not in groups:
+        groups[name] = parser.add_argument_group(name, description)
+    return groups[name]
+
+
 def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: str = "") -> None:
+    """One flag per field of `cls` (sections nested as `--section.field`), each
+    in the help group of its section; a TrainConfig's everyday fields in the
+    group `common`."""
     hints = typing.get_type_hints(cls)
+    choices = field_choices()
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
+        dotted = prefix + field.name
         if dataclasses.is_dataclass(hint):
-            add_config_flags(parser, hint, prefix + field.name + ".")
+            help_group(parser, dotted, section_summary(hint))
+            add_config_flags(parser, hint, dotted + ".")
             continue
-        comment = field_comments(cls).get(field.name, "")
+        if cls is TrainConfig:
+            group = help_group(parser, "common" if dotted in COMMON_FIELDS else RUN_SECTION,
+                               None if dotted in COMMON_FIELDS else section_summary(TrainConfig))
+        else:
+            group = help_group(parser, prefix.rstrip(".") or "options") if prefix else parser
         # A bare boolean flag (`--insecure`) means true; `--flag false` still works.
         bare = {"nargs": "?", "const": True} if hint is bool else {}
-        action = parser.add_argument(
+        action = group.add_argument(
             flag_name(prefix, field.name),
-            dest=prefix + field.name,
+            dest=dotted,
             type=parser_for(hint),
             default=None,
+            choices=choices.get(dotted),
             **bare,
-            metavar=metavar(hint),
-            help=(f"{comment} " if comment else "").replace("%", "%%")
-            + f"(default: {format_default(field.default)})",
+            metavar=None if dotted in choices else metavar(hint),
+            help=_help_text(cls, field, dotted),
         )
         action.doc_default = field.default  # for the generated CLI reference
         action.doc_class = cls
@@ -211,17 +288,22 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
 
 
 def env_defaults(env_id: str) -> TrainConfig:
-    """The defaults the flags apply to for `env_id`, as `run_setup.defaults_for_env`
-    gives them: they depend on whether the env's actions are Discrete or Box,
-    whether it observes pixel frames and on its registered reward_threshold
-    (config.defaults_for). An env id that cannot be built falls back to the
-    plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec, reward_threshold
+    """The defaults the flags apply to for `env_id` (with the default env
+    options), as `defaults_for_spec` gives them. An env id that cannot be
+    built falls back to the plain defaults; the run then reports the env error."""
+    from seedq.envs import env_spec
 
     try:
-        spec = env_spec(env_id)
-        target = reward_threshold(env_id)
+        return defaults_for_spec(env_spec(env_id), env_id)
     except ValueError:
         return TrainConfig()
+
+
+def defaults_for_spec(spec, env_id: str) -> TrainConfig:
+    """The defaults for an env with `spec` (a `seedq.schema.EnvSpec`): they depend
+    on whether its actions are Discrete or Box, whether it observes pixel frames
+    and on its registered reward_threshold (config.defaults_for)."""
+    from seedq.envs import reward_threshold
+
     pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
-    return config_lib.defaults_for(not spec.discrete, target, pixels)
+    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id), pixels)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from seedq import config as config_lib
 from seedq.config import TrainConfig
+from seedq.flags import defaults_for_spec
 from seedq.schema import EnvSpec
 
 
@@ -41,10 +41,7 @@ def defaults_for_env(spec: EnvSpec, env_id: str) -> TrainConfig:
     """The defaults the config file and flags apply to for an env with `spec`:
     Box actions take CONTINUOUS_VTRACE, pixel frames PIXEL_VTRACE, and the
     target return is the env's registered reward threshold."""
-    from seedq.envs import reward_threshold
-
-    pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
-    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id), pixels)
+    return defaults_for_spec(spec, env_id)
 
 
 def prepare(config: TrainConfig, spec: EnvSpec | None = None) -> PreparedRun:

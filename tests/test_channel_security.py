@@ -77,7 +77,7 @@ def stop(*procs) -> None:
 
 
 def frames_logged(log) -> int:
-    found = re.findall(r"frames\s+([\d,]+) \(", _text(log))
+    found = re.findall(r"\] ([\d,]+) fr ", _text(log))
     return int(found[-1].replace(",", "")) if found else 0
 
 

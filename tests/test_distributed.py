@@ -228,7 +228,7 @@ def trained_since(output: str, steps: int) -> bool:
     import re
 
     resumed = output.split("resuming from", 1)
-    shown = re.findall(r"train steps\s+([\d,]+)", resumed[1]) if len(resumed) == 2 else []
+    shown = re.findall(r"\| ([\d,]+) steps ", resumed[1]) if len(resumed) == 2 else []
     return any(int(n.replace(",", "")) > steps for n in shown)
 
 
@@ -259,11 +259,11 @@ def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_
     assert summary["reached_target"] and summary["stop_reason"] == "target_return", summary
     assert summary["frames_to_target"] <= FRAME_BUDGET
     assert summary["devices"]["processes"] == 2 and len(summary["devices"]["training"]) == 4
-    # Only process 0 wrote the run directory: one TensorBoard file, its config and
+    # Only process 0 wrote the run directory: one TensorBoard file, its config, curves and
     # summary; the checkpoints hold both processes' counters, the frames their sum.
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
     assert sorted(p.name for p in logdir.iterdir() if not p.name.startswith("events")) == [
-        "checkpoints", "config.json", "stats.json", "summary.json"]
+        "checkpoints", "config.json", "curves.csv", "curves.png", "stats.json", "summary.json"]
     meta = json.loads(next(logdir.glob("checkpoints/step_*/meta/metadata")).read_text())
     per_process = meta["counters"]["processes"]
     assert len(per_process) == 2 and all(p["frames"] > 0 for p in per_process)

@@ -315,8 +315,8 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
     finally:
         learner.stop()
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "handshake.observation.shape" in result.stdout
-    assert "actor sends [64, 64], learner expects [84, 84]" in result.stdout
+    assert "handshake.observation.shape" in result.stderr
+    assert "actor sends [64, 64], learner expects [84, 84]" in result.stderr
 
 
 # --- end to end on Atari and DeepMind Control -------------------------------------

@@ -11,10 +11,11 @@ from seedq import cli, extras
 from seedq.learner import curves
 
 # The extras' packages, by import name, and the only seedq packages that may import them.
-EXTRA_PACKAGES = {"matplotlib": "bench", "psutil": "bench", "yaml": "launch"}
+# (PyYAML is a core dependency: config files.)
+EXTRA_PACKAGES = {"matplotlib": "bench", "psutil": "bench", "minatar": "minatar"}
 TOOLING = ("seedq.bench", "seedq.launch")
 # Training modules that use an extra's package only where it is installed.
-OPTIONAL_USERS = {"seedq.learner.curves"}  # curves.png
+OPTIONAL_USERS = {"seedq.learner.curves", "seedq.envs"}  # curves.png; MinAtar ids
 
 
 def _uninstalled(monkeypatch, name: str) -> None:
@@ -97,3 +98,13 @@ def test_a_run_without_matplotlib_writes_its_curves_csv_and_leaves_out_the_png(m
     sink.close()
     assert (tmp_path / curves.CSV_FILE).exists() and not (tmp_path / curves.PNG_FILE).exists()
     assert capsys.readouterr().out == "curves.png left out: matplotlib is not installed (pip install 'seedq[bench]')\n"
+
+
+@pytest.mark.unit
+def test_a_minatar_env_without_its_extra_names_the_pip_install(monkeypatch):
+    from seedq import envs
+
+    _uninstalled(monkeypatch, "minatar")
+    monkeypatch.delitem(envs.gym.registry, "MinAtar/Breakout-v1", raising=False)
+    with pytest.raises(ValueError, match=r"^MinAtar envs need the 'minatar' extra: pip install 'seedq\[minatar\]'$"):
+        envs.env_spec("MinAtar/Breakout-v1")

@@ -379,7 +379,7 @@ def test_impala_actor_against_a_seed_learner_exits_with_a_clear_error(tmp_path):
     finally:
         learner.stop()
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "does not run architecture=impala" in result.stdout
+    assert "does not run architecture=impala" in result.stderr
 
 
 def test_compare_writes_csv_and_plots(tmp_path):

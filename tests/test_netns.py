@@ -70,11 +70,12 @@ def namespaces():
 def _progress(log) -> tuple[int, int]:
     """(frames, connected actors) of the learner's newest progress line."""
     text = log.read_text() if log.exists() else ""
-    lines = re.findall(r"frames\s+([\d,]+) \(.*\| actors (\d+) \|", text)
+    # The line writes frames as 94,112 below 100k, then 150k, 12.3M (seedq.learner.sinks.short_count).
+    lines = re.findall(r"\] ([\d,.]+)([kMG]?) fr .*?\| (\d+) actors", text)
     if not lines:
         return 0, 0
-    frames, actors = lines[-1]
-    return int(frames.replace(",", "")), int(actors)
+    number, unit, actors = lines[-1]
+    return int(float(number.replace(",", "")) * {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[unit]), int(actors)
 
 
 def _wait(predicate, timeout: float, what: str, learner, log) -> float:

@@ -304,12 +304,12 @@ def run_cli(args, capsys):
     "args, code, expected",
     [
         (["train", "--vtrace.learning-rat", "1"], 2, "did you mean --vtrace.learning-rate"),
-        (["train", "--no-such-flag", "1"], 2, "valid options: --actor-precision, --address, --agent"),
+        (["train", "--no-such-flag", "1"], 2, "unrecognized arguments: --no-such-flag 1; see seedq train --help-all"),
         (["train", "--vtrace.hidden-sizes", "a,b"], 2, "expected comma-separated ints"),
         (["train", "--eval-episodes", "many"], 2, "invalid int value: 'many'"),
         (["train", "--checkpoints-to-keep", "0"], 2, "checkpoints_to_keep=0"),
-        (["train", "--agent", "a3c"], 2, "choose one of vtrace"),
-        (["train", "--vtrace.layer-norm", "yes"], 2, "vtrace.layer_norm='yes': choose one of none, first_layer"),
+        (["train", "--agent", "a3c"], 2, "invalid choice: 'a3c' (choose from"),
+        (["train", "--vtrace.layer-norm", "yes"], 2, "invalid choice: 'yes' (choose from"),
         (["train", "--env", "Pendulum-v1", "--vtrace.min-std", "0.7"], 2,
          "vtrace.min_std=0.7: needs 0 <= min_std < exp(vtrace.initial_log_std) = 0.607"),
         (["train", "--vtrace.reuse-pool", "32"], 2,
@@ -322,10 +322,10 @@ def run_cli(args, capsys):
          "seedq bench throughput: server.batch_timeout_ms=-1.0: must be >= 0"),
         (["train", "--resume", "{empty}"], 1, "not a seedq run directory (no config.json)"),
         (["train", "--resume", "{no_checkpoint}"], 1, "no checkpoint in it"),
-        (["train", "--resume", "{run}", "--vtrace.hidden-sizes", "32"], 1,
+        # (A larger budget: resuming the finished run as it is would only name --max-frames.)
+        (["train", "--resume", "{run}", "--vtrace.hidden-sizes", "32", "--max-frames", "100000000"], 1,
          "incompatible with this config (CartPole-v1): learner/params/params/MLPTorso_0/Dense_0/bias is float32[64]"),
-        (["eval", "{run}", "--env", "Acrobot-v1"], 1,
-         "incompatible with this config (Acrobot-v1): learner/params/params/MLPTorso_0/Dense_0/kernel is float32[4, 64]"),
+        (["eval", "{run}", "--env", "Acrobot-v1"], 1, "trained on CartPole-v1, which Acrobot-v1 does not fit"),
     ],
 )
 def test_cli_errors_are_one_line(args, code, expected, local_run, tmp_path, capsys):
@@ -375,13 +375,13 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     stdout = capsys.readouterr().out
     if terminal:  # one line redrawn in place on the terminal, nothing on plain stdout
         assert stdout == ""
-        assert "train steps" in screen.getvalue() and "\x1b[" in screen.getvalue()
+        assert " steps " in screen.getvalue() and "\x1b[" in screen.getvalue()
     else:  # plain log lines
-        assert stdout.count("train steps") == 3 and "\x1b[" not in stdout
+        assert stdout.count(" steps ") == 3 and "\x1b[" not in stdout
         assert stdout.splitlines()[-1] == (
-            "[    3.0s] frames     15,000 (  5.0k/s) | episodes     30 | return(100)    15.0 "
-            "| train steps     60 (  20/s) | infer batch  12.5 wait p99 38.9ms | queue    3/256 "
-            "| actors 2 | fp32 | loss   0.5000"
+            # (The scripted learner's batch loop never waits: the actors set the pace.)
+            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | 2 actors | loss 0.5 | bottleneck env "
+            "| batch 12.5 wait"
         )
     scalars = read_scalars(tmp_path)
     assert scalars["learner/policy_lag_mean"][-1] == (15000, 1.5)
@@ -394,6 +394,31 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     assert scalars["grad_norm"][-1] == (15000, 1.25)
 
 
+def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck():
+    import dataclasses
+
+    from fake_learner import learner_stats
+
+    from seedq.config import TrainConfig
+    from seedq.learner.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
+
+    # Two hours of Atari on 16 actors: every everyday figure fits.
+    stats = learner_stats(frames=10_000_000, train_steps=100_000, mean_return=-20.5, inference_batches=9,
+                          mean_inference_batch=512.0, batching="greedy", queue_depth=64, queue_capacity=256,
+                          latency_p99_seconds=0.02, actors=tuple(object() for _ in range(16)))
+    metrics = {"loss/total": 0.012345, "policy/entropy": 1.234}
+    tick = dataclasses.replace(Tick(stats, metrics, 7200.0, 1389.0, 13.9), bottleneck="inference")
+    line = progress_line(TrainConfig(precision="int8"), tick)
+    assert line.startswith("[120m] 10.0M fr 1.4k/s | return -20.5 | 100k steps 14/s | 16 actors | loss 0.0123 ")
+    assert "| entropy 1.234 | bottleneck inference" in line and len(line) <= PROGRESS_COLUMNS == 120, line
+    # Counters past any real run's reach, a Box policy, int8 on split devices: still 120 at most.
+    huge = dataclasses.replace(stats, frames=2_345_678_901, train_steps=9_876_543, mean_return=-12345.6,
+                               devices={"inference": [0], "training": [1, 2, 3]})
+    boxed = {"loss/total": -123.456789, "policy/entropy": -1.467, "policy/std": 0.195}
+    assert len(progress_line(TrainConfig(precision="int8"), Tick(huge, boxed, 123456.0, 123456.0, 1234.0))) <= 120
+    assert [short_count(n) for n in (94_112, 150_000, 12_345_678, 1_234_567_890)] == ["94,112", "150k", "12.3M", "1.23G"]
+
+
 def test_progress_line_shows_entropy_and_a_box_policys_std():
     from fake_learner import learner_stats
 
@@ -403,8 +428,8 @@ def test_progress_line_shows_entropy_and_a_box_policys_std():
     def line(metrics):
         return progress_line(TrainConfig(), Tick(learner_stats(frames=100), metrics, 1.0, 100.0, 2.0))
 
-    assert line({"policy/entropy": 0.6931}).endswith("| entropy 0.693")
-    assert line({"policy/entropy": -1.467, "policy/std": 0.1953}).endswith("| entropy -1.467 std 0.195")
+    assert "| entropy 0.693 |" in line({"policy/entropy": 0.6931})
+    assert "| entropy -1.467 std 0.195 |" in line({"policy/entropy": -1.467, "policy/std": 0.1953})
     assert "entropy" not in line({}) and "std" not in line({})
 
 
@@ -454,3 +479,26 @@ def test_throughput_bench_reports_the_learners_cost_per_message():
     slack = 2 / (result["inference_calls_per_second"] * 2.0)
     expected = 1.0 if result["batching"] == "greedy" else 0.0
     assert result["greedy_batch_share"] == pytest.approx(expected, abs=slack)
+
+
+@pytest.mark.parametrize("busy, held, cpu, dropped, expected", [
+    (0.2, 0.0, 0.3, 0, "env"),  # the loop waited for the actors' steps
+    (0.9, 0.7, 0.95, 0, "training"),  # it waited for room in the unroll queue
+    (0.8, 0.1, 0.9, 0, "inference"),  # running the policy took most of it
+    (0.1, 0.0, 0.8, 0, "transport"),  # busy with the messages themselves
+    (0.1, 0.0, 0.1, 60, "training"),  # drop_oldest: most unrolls dropped unseen
+])
+def test_the_progress_tick_and_the_summary_name_the_bottleneck(busy, held, cpu, dropped, expected):
+    import dataclasses
+
+    from fake_learner import learner_stats
+
+    from seedq.learner.sinks import Tick
+
+    # Two snapshots 10 s apart; the second's counters grew by the shares above.
+    before = learner_stats(time=100.0, inference_batches=10, server_thread_cpu_seconds=5.0, queue_put_unrolls=100)
+    after = dataclasses.replace(
+        before, time=110.0, inference_batches=500, inference_busy_seconds=10 * busy, queue_held_seconds=10 * held,
+        server_thread_cpu_seconds=5.0 + 10 * cpu, queue_put_unrolls=200, queue_dropped_unrolls=dropped)
+    assert Tick.after(before, before.time, after, {}, 10.0).bottleneck == expected
+    assert Tick.after(learner_stats(), 0.0, learner_stats(time=1.0), {}, 1.0).bottleneck is None  # no batch yet

@@ -48,9 +48,9 @@ def test_a_runs_own_config_json_round_trips(tmp_path, capsys):
 @pytest.mark.parametrize("content, code, expected", [
     ('{"vtrace": {"batch_sise": 8}}', 2, "--config {path}: unknown field(s) vtrace.batch_sise; valid in vtrace:"),
     ('{"bogus": 1}', 2, "--config {path}: unknown field(s) bogus; valid:"),
-    ('[1, 2]', 2, "{path}: expected a JSON object of config fields"),
+    ('[1, 2]', 2, "{path}: expected a mapping of config fields"),
     ('{"env": ', 2, "{path}: not valid JSON"),
-    (None, 1, "{path}: no such file"),
+    (None, 2, "{path}: no such file"),  # a usage error, as a malformed file
 ])
 def test_bad_config_files_are_one_line_errors(tmp_path, capsys, content, code, expected):
     path = tmp_path / "run.json"
@@ -81,7 +81,7 @@ def test_resume_auto_starts_fresh_or_resumes_the_run_directory(tmp_path, capsys)
 
 
 def _train_steps(log) -> int:
-    found = re.findall(r"train steps\s+([\d,]+) \(", log.read_text())
+    found = re.findall(r"\| ([\d,]+) steps ", log.read_text())
     return int(found[-1].replace(",", "")) if found else 0
 
 

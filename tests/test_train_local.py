@@ -88,7 +88,7 @@ def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
     "args, expected",
     [
         (["--vtrace.learning-rate", "fast"], "learning-rate"),
-        (["--agent", "dqn"], "agent='dqn'"),
+        (["--agent", "dqn"], "invalid choice: 'dqn'"),
         (["--num-actors", "0"], "num_actors=0"),
         (["--no-such-flag", "1"], "unrecognized arguments"),
     ],

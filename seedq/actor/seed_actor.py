@@ -42,6 +42,11 @@ log = logging.getLogger("seedq.actor")
 # Reconnect delays double from 50 ms up to this cap: short enough that actors
 # started before their learner join within a second of it listening.
 MAX_BACKOFF_SECONDS = 1.0
+# An actor without a learner says so once, then every this many seconds.
+WAITING_NOTICE_SECONDS = 30.0
+# The first notice waits this long, so that a refusal that ends the actor
+# within a few reconnects (a TLS or token mismatch) is its only line.
+FIRST_NOTICE_SECONDS = 2.0
 
 # Vector steps before the time split's steady-state window opens.
 WARM_STEPS = 50
@@ -239,7 +244,10 @@ async def run_actor(
     env = make_vector_env(env_id, num_envs, options=options)
     spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     backoff, disconnected_since = 0.05, time.monotonic()
-    attempt = suspected_in_a_row = 0
+    # Local actors (parent_pid: their learner is starting beside them) stay
+    # quiet for the first interval; an actor started by hand says so soon.
+    next_notice = disconnected_since + (WAITING_NOTICE_SECONDS if parent_pid else FIRST_NOTICE_SECONDS)
+    suspected_in_a_row = 0
     told: set[str] = set()  # refusals already printed (each once)
     try:
         metadata = channel_lib.call_metadata(channel_config)
@@ -248,11 +256,12 @@ async def run_actor(
             while True:
                 connections_before = stats.connections
                 try:
-                    # A fresh episode seed per connection, so a restart does
-                    # not replay the same episodes.
+                    # A fresh episode seed per connection made, so a restart
+                    # does not replay the same episodes (attempts that found no
+                    # learner do not count: the first episodes follow the seed alone).
                     await connection(
                         stub, env, spec, actor_id=actor_id, num_envs=num_envs,
-                        env_id=env_id, seed=seed + 7919 * attempt, stats=stats,
+                        env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
                         skip_seconds=stats_skip_seconds,
                     )
                 except grpc.aio.AioRpcError as e:
@@ -271,15 +280,20 @@ async def run_actor(
                         refused = suspected
                     if refused:
                         raise FatalActorError(f"learner at {address} refused actor {actor_id}: {refused}") from None
-                    reason = f"{e.code().name}: {e.details()}"
+                    # A refusal already said once above is named by its code alone.
+                    reason = e.code().name if e.details() in told else f"{e.code().name}: {e.details()}"
                 except ConnectionError as e:
                     reason = str(e)
                     suspected_in_a_row = 0
-                attempt += 1
                 if stats.connections > connections_before:
                     # We had a learner and lost it: restart the backoff clock.
                     backoff, disconnected_since = 0.05, time.monotonic()
+                    next_notice = disconnected_since + FIRST_NOTICE_SECONDS
                 now = time.monotonic()
+                if now >= next_notice:
+                    print(f"actor {actor_id}: waiting for the learner at {address} "
+                          f"({now - disconnected_since:.0f}s so far; {reason})", file=sys.stderr, flush=True)
+                    next_notice = now + WAITING_NOTICE_SECONDS
                 if (retry_max_seconds and now - disconnected_since > retry_max_seconds
                         and not learner_may_still_come(parent_pid)):
                     raise ConnectionError(
@@ -381,10 +395,10 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
     except KeyboardInterrupt:
         pass
     except FatalActorError as e:
-        print(f"{prog}: {e}", flush=True)
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
         code = 2
     except (ConnectionError, ValueError) as e:
-        print(f"{prog}: {e}", flush=True)
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
         code = 1
     if args.stats_file:
         tmp = args.stats_file + ".tmp"

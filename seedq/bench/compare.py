@@ -283,14 +283,16 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
 
 def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The `seedq train` command line of `config` (only the flags that differ
-    from the env's defaults, then `extra_args`, e.g. --resume). The run stops
+    from the env's defaults, then `extra_args`, e.g. --resume; else --overwrite). The run stops
     (checkpointed, so resumable) when this process dies: in its own process
     group, it would otherwise outlive a SIGKILLed suite and keep writing
     into a directory that the suite's rerun resumes or clears."""
     from seedq.flags import config_flags
 
     config.validate()
-    return [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, "--quiet",
+    # A fresh run replaces what an earlier invocation left in its directory (a rerun of the comparison).
+    fresh = () if "--resume" in extra_args else ("--overwrite",)
+    return [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, *fresh, "--quiet",
             "--parent-pid", str(os.getpid())]
 
 

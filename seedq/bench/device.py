@@ -98,7 +98,7 @@ def stage_commands(seconds: dict[str, float], minutes: float, actors: int, out_d
         "throughput": ["bench", "throughput", "--env", ENV, "--actors", str(actors), "--envs-per-actor",
                        str(ENVS_PER_ACTOR), "--seconds", f"{measure:.1f}", "--warmup-seconds", "3", "--json"],
         "training": ["train", "--env", ENV, "--num-actors", str(actors), "--envs-per-actor", str(ENVS_PER_ACTOR),
-                     "--target-return", "none", "--logdir", os.path.join(out_dir, "pong"), "--quiet"],
+                     "--target-return", "none", "--logdir", os.path.join(out_dir, "pong"), "--overwrite", "--quiet"],
     }
 
 

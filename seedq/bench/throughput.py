@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from seedq.learner.bottleneck import BINDING_SHARE, bottleneck_of  # noqa: F401 (this module's API)
+
 
 def _raw_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
     from seedq.envs import env_spec, make_vector_env, random_actions
@@ -152,27 +154,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
     }
 
 
-# A capacity binds when the loop spends at least this share of its time on it.
-BINDING_SHARE = 0.5
-
-
-def bottleneck_of(train: bool, queue_full_share: float, inference_share: float,
-                  server_thread_busy: float | None, dropped_share: float = 0.0) -> str:
-    """Which capacity set the loop's rate, from what the loop measured:
-    `training` when the batch loop waited for the learner to make room for
-    at least BINDING_SHARE of the time (the actors were held back), or that
-    share of the frames was dropped unseen (the learner could not keep up), else
-    `inference` when running the policy took that share of the server
-    thread's wall time, else `transport` when the server thread was that
-    busy all the same (gRPC, batching, decoding), else `env`: the loop was
-    waiting for the actors' steps."""
-    if train and (queue_full_share >= BINDING_SHARE or dropped_share >= BINDING_SHARE):
-        return "training"
-    if inference_share >= BINDING_SHARE:
-        return "inference"
-    if server_thread_busy is not None and server_thread_busy >= BINDING_SHARE:
-        return "transport"
-    return "env"
+# (bottleneck_of and BINDING_SHARE live in seedq.learner.bottleneck: the running learner shares them.)
 
 
 def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:

@@ -24,8 +24,30 @@ from seedq.cli.run import run_config
 __all__ = ["COMMAND_STARTED", "build_parser", "main", "run_config", "subcommands"]
 
 
+class VersionAction(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked
+    (importlib.metadata is not free, and `seedq actor` starts often)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        try:
+            version = metadata.version("seedq")
+        except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+            version = "unknown (not installed)"
+        parser._print_message(f"seedq {version}\n", sys.stdout)
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # argparse, not tyro or jsonargparse: the flags are generated from the config
+    # dataclasses (seedq.flags) with names, `none` values, bare booleans and grouped
+    # help that scripts and docs already use, and `seedq actor` must start fast.
     parser = Parser(prog="seedq", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=VersionAction, help="print seedq's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (run, actor, evaluate, export, plot, certs, compare, launch, bench):
         command.add_parsers(sub)

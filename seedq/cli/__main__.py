@@ -4,8 +4,14 @@ import sys
 
 from seedq.cli import main
 
-if __name__ == "__main__":
+
+def run_command() -> None:
+    """Runs `seedq` with this process's arguments and exits with its status."""
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C while still importing (e.g. a local actor starting up)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_command()

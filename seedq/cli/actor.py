@@ -44,7 +44,7 @@ def add_actor_flags(actor: argparse.ArgumentParser) -> None:
         "--parent-pid", type=int, default=0,
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
-    actor.add_argument("--verbose", action="store_true")
+    actor.add_argument("--verbose", action="store_true", help="log each retry and connection (INFO logging)")
     actor.add_argument("--print-config", action="store_true",
                        help="print the resolved arguments as JSON and exit (starts nothing)")
     # TLS, token and keepalive of the channel to the learner (docs/security.md).

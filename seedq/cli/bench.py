@@ -32,11 +32,11 @@ def _add_throughput(bench_sub) -> None:
         help="env frames/s of the full SEED loop vs raw env stepping, measured in one run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    tp.add_argument("--env", default="CartPole-v1")
-    tp.add_argument("--actors", type=int, default=2)
-    tp.add_argument("--envs-per-actor", type=int, default=32)
+    tp.add_argument("--env", default="CartPole-v1", help="the env the actors step")
+    tp.add_argument("--actors", type=int, default=2, help="actor processes")
+    tp.add_argument("--envs-per-actor", type=int, default=32, help="envs each actor steps")
     tp.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase")
-    tp.add_argument("--warmup-seconds", type=float, default=3.0)
+    tp.add_argument("--warmup-seconds", type=float, default=3.0, help="seconds run before measuring")
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
@@ -79,15 +79,15 @@ def _add_stuck(bench_sub) -> None:
         help="a healthy actor's round trip with and without stuck (and slow) actors, in one run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    stuck.add_argument("--env", default="CartPole-v1")
+    stuck.add_argument("--env", default="CartPole-v1", help="the env the actors step")
     stuck.add_argument("--actors", type=int, default=1, help="healthy actor processes")
-    stuck.add_argument("--envs-per-actor", type=int, default=32)
+    stuck.add_argument("--envs-per-actor", type=int, default=32, help="envs each actor steps")
     stuck.add_argument("--stuck-actors", type=int, default=1,
                        help="streams that send one step and then hold their stream silently")
     stuck.add_argument("--slow-actors", type=int, default=0,
                        help="streams that send one step a second (a third phase when > 0)")
     stuck.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase")
-    stuck.add_argument("--warmup-seconds", type=float, default=2.0)
+    stuck.add_argument("--warmup-seconds", type=float, default=2.0, help="seconds run before measuring")
     stuck.add_argument("--rounds", type=int, default=2, help="alternating rounds of the phases")
     stuck.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
     stuck.add_argument("--json", action="store_true", help="print one JSON object")
@@ -107,13 +107,13 @@ def _add_soak(bench_sub) -> None:
         "(docs/reliability.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    soak.add_argument("--env", default="CartPole-v1")
-    soak.add_argument("--agent", choices=config_lib.AGENTS, default="vtrace")
+    soak.add_argument("--env", default="CartPole-v1", help="the env the run trains on")
+    soak.add_argument("--agent", choices=config_lib.AGENTS, default="vtrace", help="the agent that trains")
     soak.add_argument("--seconds", type=float, default=300.0, help="soak duration after the first train step")
     soak.add_argument("--kill-every", type=float, default=3.0,
                       help="SIGKILL a random connected actor every this many seconds (0: never)")
-    soak.add_argument("--actors", type=int, default=2)
-    soak.add_argument("--envs-per-actor", type=int, default=32)
+    soak.add_argument("--actors", type=int, default=2, help="actor processes")
+    soak.add_argument("--envs-per-actor", type=int, default=32, help="envs each actor steps")
     soak.add_argument("--kill-learner-at", type=float, default=None,
                       help="SIGKILL the learner once this many seconds into the soak (once it has a "
                       "checkpoint) and resume it (default: never)")

@@ -4,6 +4,7 @@ texts that show defaults, the walk over subcommands, comma-separated lists."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from seedq.config import TrainConfig
 from seedq.flags import env_defaults
@@ -21,6 +22,56 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class SectionHelp(argparse.Action):
+    """`-h/--help [SECTION]` and `--help-all` of a command whose flags are
+    grouped by config section (seedq.flags.help_group): the everyday flags by
+    default, one section, or every flag. (argparse prints all groups at once;
+    its formatter is reused here to print some.)"""
+
+    def __init__(self, option_strings, dest, everything: bool = False, **kwargs):
+        self.everything = everything
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0 if everything else "?", metavar="SECTION", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sections = parser.__dict__.get("help_sections", {})
+        wanted = "all" if self.everything else (values or "common")
+        if wanted != "all" and wanted not in sections:
+            parser.error(f"--help {wanted}: no such section; choose one of {', '.join(sections)} or all")
+        parser._print_message(section_help(parser, sections, wanted), sys.stdout)  # help goes to stdout
+        parser.exit(0)
+
+
+def section_help(parser: argparse.ArgumentParser, sections: dict, wanted: str) -> str:
+    """The help text of `parser` limited to the group `wanted` (`common`: the
+    command's everyday flags and the list of sections; `all`: every group)."""
+    formatter = parser._get_formatter()
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    formatter.add_text(parser.description)
+    shown = [g for name, g in sections.items() if wanted in ("all", name)]
+    for group in shown:
+        formatter.start_section(f"{group.title} options")
+        formatter.add_text(group.description)
+        formatter.add_arguments(group._group_actions)
+        formatter.end_section()
+    if wanted == "common":
+        others = [name for name in sections if name != "common"]
+        formatter.add_text(
+            f"More flags by section: {parser.prog} --help SECTION, SECTION one of {', '.join(others)}; "
+            f"every flag: {parser.prog} --help-all. Defaults marked env-dependent are resolved by "
+            f"{parser.prog} --print-config --env ENV."
+        )
+    return formatter.format_help()
+
+
+def add_section_help(parser: argparse.ArgumentParser) -> None:
+    """`-h/--help [SECTION]` and `--help-all` on a parser made with add_help=False."""
+    group = parser.__dict__.setdefault("help_sections", {}).get("common") or parser
+    group.add_argument("-h", "--help", action=SectionHelp,
+                       help="show the everyday flags, or the flags of one SECTION, and exit")
+    group.add_argument("--help-all", action=SectionHelp, everything=True, help="show every flag and exit")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -43,7 +94,8 @@ def subcommands(parser: argparse.ArgumentParser, prefix: str):
 
 
 def unknown_arguments_message(parser: argparse.ArgumentParser, args, extras: list[str]) -> str:
-    """One line: the unknown arguments, close matches, and the valid options."""
+    """One line: the unknown arguments and their close matches (not the list of
+    every flag: `seedq train` has over a hundred)."""
     import difflib
 
     prog, target = parser.prog, parser
@@ -61,7 +113,8 @@ def unknown_arguments_message(parser: argparse.ArgumentParser, args, extras: lis
     return (
         f"{prog}: unrecognized arguments: {' '.join(extras)}"
         + (f" ({'; '.join(hints)})" if hints else "")
-        + f"; valid options: {', '.join(valid)}"
+        + f"; see {prog} --help"
+        + ("-all" if "help_sections" in target.__dict__ else "")
     )
 
 

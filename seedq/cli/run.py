@@ -10,7 +10,7 @@ import sys
 
 from seedq import config as config_lib
 from seedq import exit_codes
-from seedq.cli.common import HelpFormatter
+from seedq.cli.common import HelpFormatter, add_section_help
 from seedq.config import TrainConfig
 from seedq.flags import add_config_flags, config_from_args
 
@@ -68,30 +68,62 @@ def run_config(args: argparse.Namespace):
         given = config_from_args(args, base=with_file(TrainConfig()))
         spec = run_setup.build_env_spec(given)
         config = config_from_args(args, base=with_file(run_setup.defaults_for_env(spec, given.env)))
+        if config.deterministic and args.num_actors is None and "num_actors" not in data:
+            config = dataclasses.replace(config, num_actors=1)  # one order of batches
         if config.distributed.explicit and not config.logdir:
             # (A default run directory is named by time and pid: one per process.)
             raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
-        return run_setup.prepare(config, spec), None
+        prepared = run_setup.prepare(config, spec)
+        # (--resume auto resumes or starts fresh in the directory it is given;
+        # --print-config starts nothing.)
+        if args.resume != "auto" and not getattr(args, "print_config", False):
+            claim_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
+        return prepared, None
+    if getattr(args, "overwrite", False):
+        raise ValueError("--overwrite starts a fresh run: it cannot be combined with --resume")
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(saved_config(resume, "--resume"))
     return run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume)), resume
 
 
+def claim_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
+    """A fresh run's directory must not hold another run (two runs' files would
+    mix): ValueError naming --resume and --overwrite, or, with `overwrite`, the
+    old run is removed. In a learner group only process 0 checks, before the
+    group forms (the others find the directory process 0 has started)."""
+    from seedq import distributed, run_dirs
+
+    if config.distributed.process_id > 0 or distributed.is_supervised_child():
+        return
+    if not run_dirs.holds_run(config.logdir):
+        return
+    if not overwrite:
+        raise ValueError(run_dirs.refusal(config.logdir))
+    run_dirs.clear(config.logdir)
+
+
 def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
     """A command that runs a learner: every config flag plus --resume."""
-    parser = sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
+    parser = sub.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter,
+                            add_help=False, usage=f"seedq {name} [--env ENV] [--agent {{vtrace,r2d2}}] [FLAG ...]")
     add_config_flags(parser)
-    parser.add_argument(
-        "--config", metavar="RUN.json", default=None,
-        help="start from this run config (a run's config.json, or a JSON object of some fields "
-        "written by hand; unknown fields are errors); flags given here override it",
+    common = parser.help_sections["common"]
+    add_section_help(parser)
+    common.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="start from this run config: a YAML or JSON file of some fields (sections as mappings; "
+        "unknown fields are errors), or a run's config.json; flags given here override it",
     )
-    parser.add_argument(
+    common.add_argument(
         "--resume", metavar="RUN_DIR|auto", default=None,
         help="continue the run in RUN_DIR from its newest checkpoint, with its saved config "
         "(flags given here override it)" + resume_note + "; `auto`: resume the --logdir run if it "
         "has a checkpoint, else start a fresh run there (restarted pods and VMs)",
+    )
+    common.add_argument(
+        "--overwrite", action="store_true",
+        help="start a fresh run in --logdir even when it holds a run: the old run's files are deleted",
     )
     return parser
 
@@ -102,13 +134,14 @@ def add_parsers(sub) -> None:
         summary="train locally: learner + actor processes on this host",
         description="Train locally: the learner plus `--num-actors` actor processes on this host.",
     )
-    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    train.add_argument("--quiet", action="store_true", help="no progress lines")
-    train.add_argument(
-        "--parent-pid", type=int, default=0,
-        help="stop cleanly (checkpoint and exit) when this process dies, even by SIGKILL: "
-        "for tools that start training runs, as `seedq bench suite` and `seedq compare` do; Linux only",
-    )
+    common = train.help_sections["common"]
+    common.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as JSON and exit (starts nothing)")
+    common.add_argument("--quiet", action="store_true", help="no progress lines")
+    # Internal (hidden from help): stop cleanly (checkpoint and exit) when this
+    # process dies, even by SIGKILL; `seedq bench suite` and `seedq compare`
+    # start their runs with it. Linux only.
+    train.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
 
     learner = add_run_command(
         sub, "learner",
@@ -117,9 +150,10 @@ def add_parsers(sub) -> None:
         "--address. With --min-actors N training waits for N actors.",
         resume_note="; running actors reconnect by themselves",
     )
-    learner.add_argument("--quiet", action="store_true", help="no progress lines")
-    learner.add_argument("--print-config", action="store_true",
-                         help="print the resolved config as JSON and exit (starts nothing)")
+    common = learner.help_sections["common"]
+    common.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as JSON and exit (starts nothing)")
+    common.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:
@@ -134,6 +168,14 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         print(f"seedq {args.command}: {e}", file=sys.stderr)
         return exit_codes.USAGE
     config = prepared.config
+    if resume is not None and not getattr(args, "print_config", False):
+        from seedq import run_dirs
+
+        hint = run_dirs.finished_hint(run_dirs.read_summary(resume), max_frames=config.max_frames,
+                                      max_seconds=config.max_seconds, target_return=config.target_return)
+        if hint:  # resuming would stop at once
+            print(f"seedq {args.command}: {hint}", file=sys.stderr)
+            return exit_codes.FINISHED
     if args.command == "learner" and not config.address:
         print("seedq learner: --address is required (e.g. 0.0.0.0:50051 or unix:/tmp/seedq.sock)",
               file=sys.stderr)

@@ -25,7 +25,7 @@ class AtariConfig:
     terminal_on_life_loss: bool = False
     # Sticky actions: probability that the emulator repeats the previous action.
     repeat_action_probability: float = 0.25
-    screen_size: int = 84
+    screen_size: int = 84  # side of the square grey frame, in pixels
     # All 18 actions instead of the game's minimal set.
     full_action_space: bool = False
     # Episodes are truncated after this many emulator frames (30 min of play).

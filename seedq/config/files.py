@@ -62,26 +62,77 @@ def updated(config: Any, data: dict, where: str = "") -> Any:
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             changes[name] = updated(getattr(config, name), value, f"{where}{name}.")
-        elif typing.get_origin(hint) is tuple:
-            changes[name] = tuple(value)
         else:
-            changes[name] = value
+            changes[name] = typed_value(value, hint, where + name)
     return dataclasses.replace(config, **changes)
 
 
-def read_json(path: str) -> dict:
-    """The fields in a run config file: a run's config.json (it records its
-    layout) migrated to this code's layout, a file of some fields written by
-    hand as it is. OSError / ValueError with a one-line message."""
+def _type_name(hint) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {args[0].__name__}"
+    if type(None) in args:
+        return f"{next(a for a in args if a is not type(None)).__name__} or null"
+    return hint.__name__
+
+
+def typed_value(value: Any, hint, name: str) -> Any:
+    """`value` (from a JSON or YAML file) as the field `name` of type `hint`
+    holds it; ValueError naming the field and the expected type otherwise.
+    Ints pass for floats; bools are not ints here (`true` for a count is a mistake)."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # Optional[T]
+        inner = next(a for a in args if a is not type(None))
+        return None if value is None else typed_value(value, inner, name)
+    if typing.get_origin(hint) is tuple:
+        if isinstance(value, (list, tuple)):
+            try:
+                return tuple(typed_value(v, args[0], name) for v in value)
+            except ValueError:
+                pass
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is float and isinstance(value, str):
+        # PyYAML reads YAML 1.1, where `3e-4` (no dot) is a string, not a float.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name}: expected {_type_name(hint)}, got {value!r}")
+
+
+def _parse(path: str, text: str) -> Any:
+    """A config file's content: YAML for .yaml/.yml, JSON otherwise."""
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise OSError(f"{path}: no such file") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_json(path: str) -> dict:
+    """The fields in a run config file (JSON, or YAML by its .yaml/.yml
+    suffix): a run's config.json (it records its layout) migrated to this
+    code's layout, a file of some fields written by hand as it is. ValueError
+    with a one-line message, a missing or unreadable file included (a usage error)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from None
+    data = _parse(path, text)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of config fields")
+        raise ValueError(f"{path}: expected a mapping of config fields")
     if LAYOUT_KEY not in data:
         return data  # some fields, written by hand
     try:

@@ -23,16 +23,16 @@ class R2D2Config:
     trace_length: int = 20
     # Steps summed before bootstrapping (n-step double Q-learning).
     n_step: int = 5
-    discount: float = 0.99
+    discount: float = 0.99  # reward discount per step (gamma)
     # Sequences per train step.
     batch_size: int = 16
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # Adam's learning rate
     # As vtrace.learning_rate_decay_frames: linear to 0 over this many env
     # frames (a train step counts batch_size x trace_length / replay_ratio of
     # them), 0: constant, -1: over the run's budget (DEFAULT_DECAY_FRAMES
     # without one).
     learning_rate_decay_frames: int = -1
-    adam_eps: float = 1e-8
+    adam_eps: float = 1e-8  # Adam's epsilon
     # Gradients are clipped to this global norm.
     max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
@@ -43,7 +43,7 @@ class R2D2Config:
     network: str = "auto"
     # Sizes of the MLP torso's layers (before the LSTM).
     hidden_sizes: tuple[int, ...] = (64,)
-    lstm_size: int = 64
+    lstm_size: int = 64  # LSTM cells of the recurrent core
     # Width of the dueling head's value and advantage layers.
     head_hidden_size: int = 64
     # false replaces the LSTM by a dense layer of the same width (feed-forward control).
@@ -69,11 +69,11 @@ class R2D2Config:
     # Per-env exploration epsilon_i = base ** (1 + alpha * i / (N - 1)) over the
     # N = num_actors * envs_per_actor - eval_envs training envs (Ape-X / R2D2).
     epsilon_base: float = 0.4
-    epsilon_alpha: float = 7.0
+    epsilon_alpha: float = 7.0  # the alpha of the per-env epsilon above
     # The first `eval_envs` env slots act with `eval_epsilon` and their steps
     # are not stored in replay (their episodes still count in the returns).
     eval_envs: int = 0
-    eval_epsilon: float = 0.001
+    eval_epsilon: float = 0.001  # the epsilon of the eval_envs slots
     # The run's return and episode count (progress line, --target-return, summary, curves)
     # counts the episodes of the envs acting with epsilon <= this (those of the
     # least-exploring env when none does), so it measures the near-greedy

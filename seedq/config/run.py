@@ -44,15 +44,15 @@ class QuantConfig:
 class TrainConfig:
     """A whole training run (learner plus locally launched actors)."""
 
-    agent: str = "vtrace"
-    env: str = "CartPole-v1"
-    architecture: str = "seed"
+    agent: str = "vtrace"  # the learning algorithm: V-trace actor-critic or R2D2 (recurrent Q-learning)
+    env: str = "CartPole-v1"  # a gymnasium id, ALE/<Game>-v5, MinAtar/<Game>-v1 or dmc:<domain>-<task>
+    architecture: str = "seed"  # seed: inference on the learner; impala: actors hold a policy copy
     # Inference precision of the learner's server (fp32, bf16 or int8), for
     # any agent; training stays fp32.
     precision: str = "fp32"
-    seed: int = 0
-    num_actors: int = 2
-    envs_per_actor: int = 32
+    seed: int = 0  # seeds the parameters, the envs and the actors' sampling (docs/training.md: what it fixes)
+    num_actors: int = 2  # actor processes (one CPU core each is the rule of thumb)
+    envs_per_actor: int = 32  # envs each actor steps as one vector env
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
@@ -63,7 +63,7 @@ class TrainConfig:
     target_return: Optional[float] = None
     # 0 disables a limit.
     max_seconds: float = 300.0
-    max_frames: int = 0
+    max_frames: int = 0  # env frames to train on (all actors together)
     # Episodes averaged for `mean_return_last100` and the target check.
     return_window: int = 100
     logdir: str = ""  # default: runs/<agent>-<env>-<timestamp>
@@ -72,7 +72,7 @@ class TrainConfig:
     # Serve a non-loopback TCP address with neither TLS nor a token (anyone
     # who reaches the port can feed training data); refused without it.
     insecure: bool = False
-    log_every_seconds: float = 2.0
+    log_every_seconds: float = 2.0  # seconds between progress lines and TensorBoard scalars
     # Rewrite <logdir>/stats.json (counters, train-step timing, connected
     # actors; atomically) every this many seconds; 0: never.
     stats_every_seconds: float = 1.0
@@ -98,6 +98,12 @@ class TrainConfig:
     # IMPALA mode: precision of the parameters actors pull and of their local
     # inference: fp32, or int8 (ActorQ; 4x fewer bytes per pull). SEED mode uses `precision`.
     actor_precision: str = "fp32"
+    # Two runs with the same seed and config give the same curves.csv (but its
+    # wall_seconds) and the same parameters: one actor, and inference waits after
+    # every finished unroll until the learner has trained on all full batches, so
+    # batches and the policy acting are the same whatever the machine's speed
+    # (slower; docs/training.md). The command line's default num_actors is 1 with it.
+    deterministic: bool = False
     server: ServerConfig = ServerConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
@@ -143,6 +149,7 @@ class TrainConfig:
         if self.agent == "r2d2":
             self.r2d2.validate(num_envs=self.num_actors * self.envs_per_actor)
         self._validate_devices()
+        self._validate_deterministic()
         check_non_negative({
             "min_actors": self.min_actors,
             "checkpoint_every_seconds": self.checkpoint_every_seconds,
@@ -166,6 +173,18 @@ class TrainConfig:
                 f"vtrace.reuse_pool={self.vtrace.reuse_pool}: needs server.queue_capacity_unrolls="
                 f"{capacity} >= batch_size x reuse_pool = {self.vtrace.batch_size * self.vtrace.reuse_pool}"
             )
+
+    def _validate_deterministic(self) -> None:
+        """A deterministic run has one order of batches: one actor, V-trace on SEED actors, one process."""
+        if not self.deterministic:
+            return
+        for name, value, needed in (("num_actors", self.num_actors, 1), ("agent", self.agent, "vtrace"),
+                                    ("architecture", self.architecture, "seed"),
+                                    ("eval_every_seconds", self.eval_every_seconds, 0.0)):
+            if value != needed:
+                raise ValueError(f"deterministic=true needs {name}={needed!r} (got {value!r})")
+        if self.distributed.explicit or self.distributed.num_processes > 1:
+            raise ValueError("deterministic=true runs on one learner process (no distributed.*)")
 
     def _validate_devices(self) -> None:
         """The training batch splits evenly over the devices and the processes."""

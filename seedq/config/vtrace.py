@@ -36,12 +36,12 @@ class VTraceConfig:
     # learns fast, long ones as it settles. The learner's compute per update is
     # that of the whole lookahead from the start.
     grow_lookahead: bool = True
-    discount: float = 0.99
-    lambda_: float = 1.0
-    clip_rho_threshold: float = 1.0
-    clip_pg_rho_threshold: float = 1.0
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
+    discount: float = 0.99  # reward discount per step (gamma)
+    lambda_: float = 1.0  # V-trace's lambda: 1 is the paper's targets, lower trades variance for bias
+    clip_rho_threshold: float = 1.0  # importance weights of the value targets are clipped at this (rho bar)
+    clip_pg_rho_threshold: float = 1.0  # importance weights of the policy gradient are clipped at this
+    baseline_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.01  # weight of the entropy bonus
     # true: the entropy bonus falls to 0 with the learning rate (the same
     # linear anneal over learning_rate_decay_frames): it explores early and
     # lets the sampled policy, which the returns are measured on, sharpen as
@@ -55,8 +55,8 @@ class VTraceConfig:
     # DEFAULT_DECAY_FRAMES when the run has none. Annealing keeps a solved run
     # from unlearning.
     learning_rate_decay_frames: int = -1
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 10.0
+    adam_eps: float = 1e-8  # Adam's epsilon
+    max_grad_norm: float = 10.0  # gradients are clipped to this global norm
     # Training rewards are clipped to [-reward_clip, reward_clip] where the
     # learner records them (the acting core; returns are reported unclipped);
     # 0: no clipping, except Atari's [-1, 1] (atari.clip_rewards).
@@ -100,7 +100,7 @@ class VTraceConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)
     # An LSTM between torso and heads (state kept per env by the server).
     use_lstm: bool = False
-    lstm_size: int = 256
+    lstm_size: int = 256  # LSTM cells of the recurrent core
     # Continuous actions: initial log standard deviation of the Gaussian policy.
     initial_log_std: float = -0.5
     # Continuous actions: a floor under the Gaussian's std, in action units as

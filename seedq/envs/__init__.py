@@ -79,8 +79,8 @@ def _register_minatar() -> None:
     would pay otherwise."""
     try:
         from minatar import gym as minatar_gym
-    except ImportError:  # minatar is a dependency; only a broken install lands here
-        return
+    except ImportError:  # an extra: say which one
+        raise ValueError("MinAtar envs need the 'minatar' extra: pip install 'seedq[minatar]'") from None
     if "MinAtar/Breakout-v1" not in gym.registry:
         minatar_gym.register_envs()
 

@@ -395,12 +395,14 @@ EXAMPLE_IMAGE = "us-docker.pkg.dev/PROJECT/seedq/seedq:0.1.0"
 
 def examples() -> dict[str, tuple[TrainConfig, K8sOptions]]:
     """file name -> what it renders. The test suite compares these with launch/k8s/."""
+    # Pong's defaults are the pixel ones, as `seedq launch k8s --env ALE/Pong-v5` resolves them.
+    pixel_defaults = config_lib.defaults_for(continuous_actions=False, pixels=True)
     pong = dataclasses.replace(
-        TrainConfig(), env="ALE/Pong-v5", num_actors=16, envs_per_actor=32,
+        pixel_defaults, env="ALE/Pong-v5", num_actors=16, envs_per_actor=32,
         target_return=20.0, max_seconds=14400.0,
-        vtrace=dataclasses.replace(TrainConfig().vtrace, network="impala_cnn", unroll_length=20,
+        vtrace=dataclasses.replace(pixel_defaults.vtrace, network="impala_cnn", unroll_length=20,
                                    batch_size=32, learning_rate=6e-4),
-        server=dataclasses.replace(TrainConfig().server, max_batch_size=1024),
+        server=dataclasses.replace(pixel_defaults.server, max_batch_size=1024),
     )
     return {
         "tpu-v5litepod-16.yaml": (

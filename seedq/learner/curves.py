@@ -54,8 +54,11 @@ def read_rows(path: str) -> list[dict]:
 class CurvesSink:
     """Appends a row to curves.csv per progress tick; draws curves.png at close."""
 
-    def __init__(self, logdir: str, *, resumed_frames: int | None = None):
+    def __init__(self, logdir: str, *, resumed_frames: int | None = None, from_ticks: bool = True):
+        """`from_ticks` False (a deterministic run): rows come from `point`
+        alone, at the frame counts the learner fixes, not per progress tick."""
         self.logdir = logdir
+        self.from_ticks = from_ticks
         self.path = os.path.join(logdir, CSV_FILE)
         kept = [r for r in read_rows(self.path) if resumed_frames is not None and r["frames"] <= resumed_frames]
         # A fresh run starts the file anew; a resumed one drops what its killed segment logged after the checkpoint.
@@ -67,6 +70,10 @@ class CurvesSink:
         self._file.flush()
 
     def tick(self, tick) -> None:
+        if self.from_ticks:
+            self.point(tick)
+
+    def point(self, tick) -> None:
         self._writer.writerow({k: _cell(v) for k, v in curve_row(tick).items()})
         self._file.flush()
 

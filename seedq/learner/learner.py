@@ -45,6 +45,12 @@ from seedq.server.unrolls import QueueClosed, UnrollQueue
 log = logging.getLogger("seedq.learner")
 
 
+def lockstep_point_frames(config: TrainConfig) -> int:
+    """Frames between two curves.csv rows of a deterministic run: a hundredth
+    of max_frames, or 10,000 without a frame budget."""
+    return max(config.max_frames // 100, 1) if config.max_frames else 10_000
+
+
 class Learner:
     """`group`: the learner processes of a multi-host learner (seedq.distributed;
     SOLO: this process alone). In a group every process serves its own actors
@@ -62,6 +68,7 @@ class Learner:
         self.config = config
         self.group = group
         jax_setup.configure()
+        self.address: str | None = None  # where actors dial, once serving
         self.spec = env_spec(config.env, config.env_options) if spec is None else spec
         self.agent = make_agent(config, self.spec) if agent is None else agent
         rng = jax.random.PRNGKey(config.seed)
@@ -117,6 +124,13 @@ class Learner:
             batching=BatchingRule(config.server.batching),
         )
         self.inference.publish(self.published_params(self.state), self.version)
+        # Deterministic runs: inference waits for training (`_lockstep`), which
+        # records the curve points (stats, metrics) at fixed frame counts.
+        self.lockstep_points: list[tuple[LearnerStats, dict]] = []
+        self.lockstep_done = False
+        self._next_point_frames = 0
+        if config.deterministic:
+            self.inference.lockstep = self._lockstep
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
@@ -209,16 +223,11 @@ class Learner:
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
 
-    @property
-    def address(self) -> str | None:
-        """The address actors dial, once serving."""
-        return self._server.address
-
     def start(self, train: bool = True) -> str:
         """Starts serving (and training); returns the address actors dial."""
         self.step_timing.frames_at_start = self.table.frames  # restored counters, if resumed
         try:
-            self._server.start()
+            self.address = self._server.start()
         finally:
             if self._server.thread is not None:
                 self._threads.append(self._server.thread)
@@ -282,7 +291,8 @@ class Learner:
                 # Dispatch is asynchronous: the update runs while we fetch and
                 # transfer the next batch (prefetching).
                 state, metrics = self._update(self.state, batch)
-                next_batch = self._next_batch()
+                # (A deterministic run takes its next batch after publishing: see _lockstep.)
+                next_batch = None if self.config.deterministic else self._next_batch()
                 # Publish only finished parameters, so inference never stalls
                 # waiting for an update in flight.
                 jax.block_until_ready(state.params)
@@ -308,7 +318,7 @@ class Learner:
                     lambda: (state, self.train_steps, self.trained_frames, self.version)
                 ):
                     break
-                batch = next_batch
+                batch = self._next_batch() if self.config.deterministic else next_batch
         except QueueClosed:
             pass
         except Exception as e:
@@ -369,6 +379,21 @@ class Learner:
             zeros = source()
         zeros = zeros if self._parallel is None else self._parallel.place_batch(zeros)
         jax.block_until_ready(self._update(self.state, zeros))  # result discarded
+
+    def _lockstep(self) -> bool:
+        """A deterministic run's inference calls this after every finished set
+        of unrolls: returns once training waits for unrolls it does not have
+        (every full batch trained on and published), after recording a curve
+        point every `lockstep_point_frames(config)` frames; True once
+        max_frames is reached (inference stops, the run ends on it)."""
+        self.queue.wait_starved()
+        stats = self.stats()
+        done = bool(self.config.max_frames) and stats.frames >= self.config.max_frames
+        if stats.frames >= self._next_point_frames or done:
+            self.lockstep_points.append((stats, self.metrics()))
+            self._next_point_frames = stats.frames + lockstep_point_frames(self.config)
+        self.lockstep_done = done
+        return done
 
     def _frames_in(self, batch) -> int:
         """New env steps in a batch of sequences (overlapping steps counted once)."""
@@ -456,6 +481,9 @@ class Learner:
             batch_source=dict(source_stats()) if source_stats is not None else {},
             int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
             devices=self.describe_devices(),
+            inference_busy_seconds=inference.busy_seconds, queue_held_seconds=inference.backpressure_seconds,
+            server_thread_cpu_seconds=self.server_thread_cpu_seconds(),
+            queue_put_unrolls=self.queue.put_unrolls, queue_dropped_unrolls=self.queue.dropped_unrolls,
             **interval,
         )
 

@@ -15,6 +15,12 @@ class RunRecords:
         for sink in self.sinks:
             sink.tick(tick)
 
+    def curve_point(self, tick) -> None:
+        """A deterministic run's curve row (seedq.learner.curves), taken at a fixed frame count."""
+        for sink in self.sinks:
+            if hasattr(sink, "point"):
+                sink.point(tick)
+
     def evaluation(self, result: dict, step: int) -> None:
         for sink in self.sinks:
             sink.evaluation(result, step)
@@ -33,7 +39,8 @@ def run_records(config, tensorboard, *, resumed_frames: int | None) -> RunRecord
     `resumed_frames`: the checkpoint's frames of a resumed run, else None."""
     from seedq.learner.curves import CurvesSink
 
-    sinks = [tensorboard, CurvesSink(config.logdir, resumed_frames=resumed_frames)]
+    sinks = [tensorboard, CurvesSink(config.logdir, resumed_frames=resumed_frames,
+                                     from_ticks=not config.deterministic)]
     if config.wandb.project:
         from seedq.learner.wandb_sink import WandbSink
 

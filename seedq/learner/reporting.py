@@ -123,7 +123,8 @@ class RunReporter:
             stats = self.learner.stats()
             # A signal's stop request (SIGTERM, Ctrl-C) is taken here, between
             # two polls, never inside a save or a TensorBoard write.
-            reason = self._stop_requested() or self.controller.stop_reason(stats, actors_exited=all_exited(actors))
+            reason = self._stop_requested() or self.controller.stop_reason(
+                stats, actors_exited=all_exited(actors), frames_settled=self._frames_settled())
             if reason == "learner_error":
                 # Training or inference failed: the run ends now, visibly
                 # (summary.json names the error, exit 1), not idling on.
@@ -243,6 +244,23 @@ class RunReporter:
         self._last_tick = (stats, stats.time)
         self.tensorboard.tick(tick)
         self.console.tick(tick)
+        self._write_lockstep_points()
+
+    def _frames_settled(self) -> bool:
+        """Whether max_frames may stop the run now: a deterministic run's
+        training must first catch up with its last frame."""
+        return not self.config.deterministic or getattr(self.learner, "lockstep_done", True)
+
+    def _write_lockstep_points(self) -> None:
+        """A deterministic run's curves.csv rows: the points the learner took at
+        fixed frame counts (time-based ticks would differ between two runs)."""
+        points = getattr(self.learner, "lockstep_points", None)
+        if not points:
+            return
+        taken = points[:len(points)]
+        del points[:len(taken)]
+        for stats, metrics in taken:
+            self.tensorboard.curve_point(Tick(stats, metrics, self.clock.elapsed(stats.time), 0.0, 0.0))
 
     # --- stats.json ---
 
@@ -379,6 +397,7 @@ class RunReporter:
             ckpt_dir = self.last_checkpoint  # the group cannot save one step together
         else:
             ckpt_dir = self.checkpoint(final=True)
+        self._write_lockstep_points()
         if self._eval_thread is not None and not stopping_on_signal:
             self._eval_thread.join()
         if self._checkpoints is not None:
@@ -413,6 +432,9 @@ class NoTensorBoard:
     """The TensorBoard sink of a group's processes other than 0 (which alone writes)."""
 
     def tick(self, tick) -> None:
+        pass
+
+    def curve_point(self, tick) -> None:
         pass
 
     def evaluation(self, result: dict, step: int) -> None:

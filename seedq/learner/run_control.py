@@ -81,15 +81,18 @@ class RunController:
         if stats.return_window_full and stats.mean_return is not None and stats.mean_return >= target:
             self.target = TargetRecord(self.clock.elapsed(stats.time), stats.frames, float(stats.mean_return))
 
-    def stop_reason(self, stats: LearnerStats, *, actors_exited: bool = False) -> str | None:
-        """Why the run stops now (None: it goes on); checks the target first."""
+    def stop_reason(self, stats: LearnerStats, *, actors_exited: bool = False,
+                    frames_settled: bool = True) -> str | None:
+        """Why the run stops now (None: it goes on); checks the target first.
+        `frames_settled` False: max_frames is not checked yet (a deterministic
+        run stops there once training has caught up with the last frame)."""
         self.observe(stats)
         cfg = self.config
         if cfg.target_return is not None and self.target.reached:
             return "target_return"
         if cfg.max_seconds and self.clock.elapsed(stats.time) >= cfg.max_seconds:
             return "max_seconds"
-        if cfg.max_frames and stats.frames >= cfg.max_frames:
+        if cfg.max_frames and stats.frames >= cfg.max_frames and frames_settled:
             return "max_frames"
         if stats.error is not None:
             return "learner_error"

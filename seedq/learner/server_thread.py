@@ -4,6 +4,7 @@ the dynamic batcher (all per-env state lives on it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Callable
@@ -47,7 +48,19 @@ class ServerThread:
         """CPU seconds the thread (gRPC, batching, inference) has used so far;
         None before start() or where the OS has no per-thread CPU clock."""
         thread = self.thread
-        if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+        if thread is None or not thread.is_alive():
+            return None
+        # Linux: the thread's own /proc entry, which fails cleanly once the
+        # thread is gone. A clock id of an ended (detached) thread's pthread
+        # handle is undefined behaviour: the stats reader runs until the end
+        # of a run, and that crashed a process that read it during shutdown.
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            pass
+        if not hasattr(time, "pthread_getcpuclockid") or thread.ident is None:
             return None
         try:
             return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))

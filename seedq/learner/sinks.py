@@ -23,6 +23,7 @@ from tensorboardX import SummaryWriter
 
 from seedq import atomic_files
 from seedq.config import TrainConfig
+from seedq.learner.bottleneck import run_bottleneck
 from seedq.learner.run_control import RunClock, TargetRecord
 from seedq.learner.stats import LearnerStats
 
@@ -37,6 +38,8 @@ class Tick:
     elapsed_seconds: float
     frames_per_second: float
     steps_per_second: float
+    # Which capacity set the interval's rate (seedq.learner.bottleneck); None: unknown.
+    bottleneck: str | None = None
 
     @classmethod
     def after(cls, previous: LearnerStats, previous_time: float, stats: LearnerStats,
@@ -47,7 +50,26 @@ class Tick:
             stats, metrics, elapsed_seconds,
             frames_per_second=(stats.frames - previous.frames) / dt,
             steps_per_second=(stats.train_steps - previous.train_steps) / dt,
+            bottleneck=bottleneck_between(previous, stats, stats.time - previous_time),
         )
+
+
+def bottleneck_between(earlier: LearnerStats, later: LearnerStats, seconds: float) -> str | None:
+    """The verdict over the `seconds` from `earlier` to `later` (None before any inference batch)."""
+    if later.inference_batches == earlier.inference_batches and not later.inference_batches:
+        return None  # no batch yet (or an IMPALA learner, which runs no inference)
+
+    def cpu(s: LearnerStats):
+        return s.server_thread_cpu_seconds
+
+    return run_bottleneck(
+        seconds,
+        busy_seconds=later.inference_busy_seconds - earlier.inference_busy_seconds,
+        held_seconds=later.queue_held_seconds - earlier.queue_held_seconds,
+        thread_cpu_seconds=None if cpu(later) is None or cpu(earlier) is None else cpu(later) - cpu(earlier),
+        frames=later.queue_put_unrolls - earlier.queue_put_unrolls,
+        dropped_frames=later.queue_dropped_unrolls - earlier.queue_dropped_unrolls,
+    )
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -71,33 +93,60 @@ def devices_text(devices: dict) -> str:
     return "" if inference == training else f" | devices {len(inference)}+{len(training)}"
 
 
+def short_count(n: int) -> str:
+    """A counter in at most 7 characters: 94,112; 150k; 12.3M; 1.23G."""
+    if n < 100_000:
+        return f"{n:,}"
+    if n < 1_000_000:
+        return f"{n / 1e3:.0f}k"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e9:.2f}G"
+
+
+def short_duration(seconds: float) -> str:
+    """Seconds below 1,000 (`734s`), whole minutes above (`120m`)."""
+    return f"{seconds:.0f}s" if seconds < 999.5 else f"{seconds / 60:.0f}m"
+
+
+# The progress line fits a terminal this wide; optional parts that would pass it are left out.
+PROGRESS_COLUMNS = 120
+
+
 def progress_line(config: TrainConfig, tick: Tick) -> str:
+    """One line of at most PROGRESS_COLUMNS characters: time, frames and their
+    rate, the mean return (over return_window episodes), train steps and their
+    rate, connected actors and a split of devices (fixed for the run), then
+    (as they fit, most telling first) a wait for actors, loss, entropy (a
+    collapsing policy shows here first) and a Box policy's std, the interval's
+    bottleneck (seedq.learner.bottleneck), inference batch size and rule, the
+    unroll queue, the precision when not fp32 and inference latency p99.
+    TensorBoard and stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
-    ret = "-" if s.mean_return is None else f"{s.mean_return:7.1f}"
-    loss = metrics.get("loss/total")
-    entropy = metrics.get("policy/entropy")
-    std = metrics.get("policy/std")  # Box actions
-    p99 = "-" if s.latency_p99_seconds is None else f"{1e3 * s.latency_p99_seconds:.1f}ms"
+    ret = "-" if s.mean_return is None else f"{s.mean_return:.1f}"
     # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
     batching = f" {s.batching}" if s.inference_batches else ""
-    waiting = (
-        f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else ""
-    )
-    return (
-        f"[{tick.elapsed_seconds:7.1f}s] frames {s.frames:>10,} ({tick.frames_per_second / 1e3:5.1f}k/s) "
-        f"| episodes {s.episodes:>6,} | return({config.return_window}) {ret} "
-        f"| train steps {s.train_steps:>6,} ({tick.steps_per_second:4.0f}/s) "
-        f"| infer batch {s.mean_inference_batch:5.1f}{batching} p99 {p99} "
-        f"| queue {s.queue_depth:>4}/{s.queue_capacity} "
-        f"| actors {s.num_connected} "
-        f"| {config.precision}{int8_share_text(s.int8_plan)}"
-        + devices_text(s.devices)
-        + ("" if loss is None else f" | loss {loss:8.4f}")
-        # A policy collapsing to one action shows here first (learning health).
-        + ("" if entropy is None else f" | entropy {entropy:5.3f}")
-        + ("" if std is None else f" std {std:5.3f}")
-        + waiting
-    )
+    line = (
+        f"[{short_duration(tick.elapsed_seconds)}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
+        f"| return {ret} | {short_count(s.train_steps)} steps {tick.steps_per_second:.0f}/s "
+        f"| {s.num_connected} actors{devices_text(s.devices)}"
+    )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
+    loss, entropy = metrics.get("loss/total"), metrics.get("policy/entropy")
+    std = metrics.get("policy/std")  # Box actions
+    optional = [
+        f" | waiting for actors {s.num_connected}/{config.min_actors}" if s.waiting_for_actors else "",
+        "" if loss is None else f" | loss {loss:.3g}",
+        "" if entropy is None else f" | entropy {entropy:.3f}" + ("" if std is None else f" std {std:.3f}"),
+        "" if tick.bottleneck is None else f" | bottleneck {tick.bottleneck}",
+        f" | batch {s.mean_inference_batch:.1f}{batching}",
+        f" | queue {s.queue_depth}/{s.queue_capacity}",
+        "" if config.precision == "fp32" else f" | {config.precision}{int8_share_text(s.int8_plan)}",
+        "" if s.latency_p99_seconds is None else f" | p99 {1e3 * s.latency_p99_seconds:.1f}ms",
+    ]
+    for part in optional:
+        if part and len(line) + len(part) <= PROGRESS_COLUMNS:
+            line += part
+    return line
 
 
 class ConsoleSink:
@@ -305,6 +354,13 @@ def summary_json(
         "error": error,
         "actor_runs": stats.actor_runs_started,
         "mean_inference_batch": stats.mean_inference_batch,
+        # Which capacity set this segment's rate: env, inference, training or
+        # transport (seedq.learner.bottleneck; as `seedq bench throughput --json`).
+        "bottleneck": run_bottleneck(
+            segment_seconds, busy_seconds=stats.inference_busy_seconds, held_seconds=stats.queue_held_seconds,
+            thread_cpu_seconds=stats.server_thread_cpu_seconds, frames=stats.queue_put_unrolls,
+            dropped_frames=stats.queue_dropped_unrolls,
+        ) if stats.inference_batches else None,
         # The batcher's rule: as configured, in force at the end, and the share of batches run greedily.
         "batching": {
             "rule": config.server.batching,

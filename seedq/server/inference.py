@@ -165,6 +165,11 @@ class InferenceServer:
         # the sequences recording it finished (`_record_answered`).
         self._unrecorded = None
         self._recorded_unrolls: dict | None = None
+        # Deterministic runs (TrainConfig.deterministic): called, off the event
+        # loop, after every batch that finished unrolls; it returns once the
+        # learner has trained on every full batch, True when serving must stop.
+        self.lockstep = None
+        self._halted = False
 
     @property
     def store(self):
@@ -244,6 +249,8 @@ class InferenceServer:
         self._has_work = asyncio.Event()
         loop = asyncio.get_running_loop()
         while True:
+            if self._halted:  # a deterministic run's last frame is acted on: no more batches
+                await asyncio.Event().wait()
             await self._has_work.wait()
             now = loop.time()
             greedy = self.batching.current(now, self.stats.env_steps, self.table.num_connected) == GREEDY
@@ -359,6 +366,12 @@ class InferenceServer:
             # their next request instead of being cancelled mid-request.
             self.close()
             return
+        if self.lockstep is not None and unrolls is not None:
+            # The next step acts with the parameters trained on every full batch
+            # so far. The wait is the learner's, as a full queue's is.
+            waited = time.perf_counter()
+            self._halted = await asyncio.get_running_loop().run_in_executor(None, self.lockstep)
+            self.stats.backpressure_seconds += time.perf_counter() - waited
         self.stats.busy_seconds += time.perf_counter() - started
 
     def _record_answered(self) -> None:

@@ -294,15 +294,9 @@ async def start_server(
     unix_socket = None
     try:
         if address.startswith("unix:"):
-            # TLS on a unix socket too, when configured; the path is claimed first either way.
-            channel.claim_unix_path(address[len("unix:"):])
-        if credentials is not None:
+            port, unix_socket = channel.bind_unix(server, address, credentials)
+        elif credentials is not None:
             port = server.add_secure_port(address, credentials)
-            if port and address.startswith("unix:"):
-                unix_socket = (address[len("unix:"):], channel.socket_identity(address[len("unix:"):]))
-        elif address.startswith("unix:"):
-            port, identity = channel.listen_unix(server, address)
-            unix_socket = (address[len("unix:"):], identity) if identity else None
         else:
             port = server.add_insecure_port(address)
     except RuntimeError:  # gRPC's "Failed to bind" (its details go to the gRPC log)
@@ -321,7 +315,7 @@ class LearnerServers:
     server: stopped together. Stopping removes the unix socket it bound, if
     that path still holds it."""
 
-    def __init__(self, servers: list[grpc.aio.Server], unix_socket: tuple[str, tuple[int, int]] | None = None):
+    def __init__(self, servers: list[grpc.aio.Server], unix_socket: tuple[str, str] | None = None):
         self._servers = servers
         self._unix_socket = unix_socket
 

@@ -38,10 +38,13 @@ class UnrollQueue:
         self.capacity = capacity
         self.drop_oldest = drop_oldest
         self.dropped_unrolls = 0
+        self.put_unrolls = 0  # every unroll let in (the dropped ones too)
         self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._size = 0
         self._closed = False
         self._cond = threading.Condition()
+        # The unrolls a `get` is waiting for (None: no getter waits).
+        self._getter_wants: int | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -79,8 +82,13 @@ class UnrollQueue:
     def get(self, batch_size: int, timeout: float | None = None) -> dict[str, np.ndarray] | None:
         """Exactly `batch_size` unrolls stacked along axis 0, or None on timeout/close."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
-                return None
+            self._getter_wants = batch_size
+            self._cond.notify_all()  # wait_starved
+            try:
+                if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
+                    return None
+            finally:
+                self._getter_wants = None
             if self._size < batch_size:
                 return None  # closed
             parts, need = [], batch_size
@@ -100,6 +108,14 @@ class UnrollQueue:
             return parts[0]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
+    def wait_starved(self) -> None:
+        """Blocks until the consumer waits in `get` for more unrolls than the
+        queue holds (it has trained on everything it could take), or the queue
+        is closed: a deterministic run's inference waits for this."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or (
+                self._getter_wants is not None and self._size < self._getter_wants))
+
     def take_all(self, timeout: float | None = None) -> list[dict[str, np.ndarray]] | None:
         """Every chunk queued, as put (at least one unroll); None on timeout, or
         once the queue is closed and empty (what was queued before close still comes out)."""
@@ -118,6 +134,7 @@ class UnrollQueue:
     def _append(self, chunk):
         self._chunks.append(chunk)
         self._size += _count(chunk)
+        self.put_unrolls += _count(chunk)
         self._cond.notify_all()
 
 
