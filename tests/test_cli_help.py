@@ -97,3 +97,19 @@ def test_python_m_seedq_prints_its_version():
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("seedq ") and result.stdout.split()[1][0].isdigit(), result.stdout
+
+
+def test_a_command_called_in_process_counts_its_time_from_the_call(monkeypatch):
+    """--max-seconds and seconds-to-target of `cli.main([...])` start at the call,
+    not when seedq.cli was imported (a test session or a notebook imports it early)."""
+    import time
+
+    seen = []
+    monkeypatch.setattr(cli.run, "run", lambda args, argv, started: seen.append(started) or 0)
+    monkeypatch.setattr(cli, "COMMAND_STARTED", time.monotonic() - 1000.0)  # imported long ago
+    before = time.monotonic()
+    assert cli.main(["train", "--env", "CartPole-v1"]) == 0
+    assert seen and seen[0] >= before
+    monkeypatch.setattr(sys, "argv", ["seedq", "train", "--env", "CartPole-v1"])
+    assert cli.main() == 0  # the process's own command counts from the import
+    assert seen[1] == cli.COMMAND_STARTED

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-# Command start, before the heavy imports: runs report seconds-to-target from here.
+# The process's command start, before the heavy imports: a run started from the
+# command line reports seconds-to-target from here (see `main`).
 COMMAND_STARTED = time.monotonic()
 
 import argparse
@@ -55,13 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command: the process's own (argv None: `seedq ...`, `python -m seedq`)
+    or one called in process with its arguments (tests, scripts)."""
+    # A called command starts now: this module may have been imported long before
+    # (a test session), and a run's --max-seconds and seconds-to-target count from here.
+    started = COMMAND_STARTED if argv is None else time.monotonic()
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:
         print(unknown_arguments_message(parser, args, extras), file=sys.stderr)
         return 2
     if args.command in ("train", "learner"):
-        return run.run(args, argv, COMMAND_STARTED)
+        return run.run(args, argv, started)
     handlers = {
         "actor": actor.run, "impala-actor": actor.run, "eval": evaluate.run, "certs": certs.run,
         "compare": compare.run, "launch": launch.run, "bench": bench.run, "export": export.run,
