@@ -120,8 +120,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         # Share of the window the batch loop waited for the learner to take
         # unrolls (the queue was full, or pacing): the actors were held back by training.
         "queue_full_share": held_share,
-        # Its share spent pacing (server.queue_full pace): slowed to the
-        # learner's rate before the queue was full.
+        # Its share pacing (server.queue_full pace): slowed to the learner's rate before the queue was full.
         "paced_share": paced / elapsed,
         # Updates between the parameters that acted and those trained on, mean over the window.
         "policy_lag_mean": lag_mean,
