@@ -179,6 +179,7 @@ async def pull_params(stub, actor_id: str, have_version: int, stats: ActorStats,
     version, precision, data = impala_codec.join_chunks(chunks)
     stats.pull_seconds += pulled - started
     stats.pulls += 1
+    stats.pull_bytes += sum(chunk.ByteSize() for chunk in chunks)
     if data is None:
         return None
     params = impala_codec.deserialize_params(data)
