@@ -437,6 +437,20 @@ def test_compare_writes_csv_and_plots(tmp_path):
     assert [(r["config"], r["segments"]) for r in rows] == [("seed-fp32", "1"), ("impala-int8", "2")]
 
 
+def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
+    # One env, a tiny budget; the notebook's own small comparison stands in for the committed sittings.
+    monkeypatch.setenv("SEEDQ_COMPARE_ENV", "MinAtar/Breakout-v1")
+    monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "6000")
+    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(tmp_path / "compare-small"))
+    outputs, text = run_notebook("impala_vs_seed.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4 + 3
+    assert text.count("**MinAtar/Breakout-v1**") == 2  # the small run's table and the sitting's
+    assert "| impala-int8 |" in text and "| seed-fp32 |" in text and "no pulls" in text
+    with open(tmp_path / "compare-small" / "MinAtar_Breakout-v1" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["final_normalized"] and r["energy_source"] for r in rows)
+
+
 def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
     """The actor's vector env clips actions, so its own spec has unbounded Box
     actions; its local network must still squash the Gaussian's mean into the
