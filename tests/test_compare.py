@@ -147,3 +147,16 @@ def test_a_run_that_stopped_at_its_time_budget_is_finished(tmp_path):
     assert with_summary(timed, stop_reason="max_seconds")
     assert not with_summary(timed, stop_reason="terminated")
     assert not with_summary(TrainConfig(logdir=str(tmp_path), max_frames=20), stop_reason="max_frames")
+
+
+@pytest.mark.unit
+def test_an_evaluation_cut_at_max_steps_counts_each_episodes_return_so_far():
+    from seedq.envs import env_spec
+    from seedq.evaluation import RandomPolicy, evaluate
+
+    policy = RandomPolicy(env_spec("CartPole-v1"))
+    full = evaluate(policy, "CartPole-v1", 4, seed=3)
+    cut = evaluate(policy, "CartPole-v1", 4, seed=3, max_steps=5)
+    assert full.truncated == 0 and min(full.lengths) > 5  # random CartPole episodes outlast 5 steps
+    # CartPole pays 1 per step: each episode cut at 5 steps has returned 5 so far.
+    assert (cut.truncated, cut.returns, cut.lengths) == (4, [5.0] * 4, [5] * 4)

@@ -415,8 +415,10 @@ def test_compare_writes_csv_and_plots(tmp_path):
     assert seed_row["param_pull_bytes_mean"] == "" and seed_row["param_pull_ms_mean"] == ""
     assert float(impala_row["param_pull_bytes_mean"]) > 0 and float(impala_row["param_pull_ms_mean"]) > 0
     assert float(impala_row["pull_us_per_frame"]) > 0 and float(seed_row["pull_us_per_frame"]) == 0
-    for name in ("return_vs_frames", "return_vs_time", "frames_per_second", "time_split"):
+    for name in ("return_vs_frames", "return_vs_time", "frames_per_second", "time_split", "evaluations"):
         assert (out / f"{name}.png").stat().st_size > 1000
+    with open(out / "evaluations.csv") as f:  # one point per evaluated checkpoint
+        assert len(list(csv.DictReader(f))) == sum(int(r["checkpoints_evaluated"]) for r in rows)
     summary = (out / "summary.md").read_text()
     assert "| seed-fp32 |" in summary and "no pulls" in summary
     # The plots are regenerated from the CSVs alone.

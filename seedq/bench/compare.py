@@ -256,21 +256,25 @@ def evaluated(config: TrainConfig, episodes: int) -> bool:
                for d in checkpoint.step_dirs(config.logdir))
 
 
-def rows_of(runs: list[tuple[str, TrainConfig]], out: str, grams_co2_per_kwh: float) -> tuple[list, list]:
-    """results.csv rows and curves.csv points of the finished runs in `runs`."""
-    rows, curves = [], []
+def rows_of(runs: list[tuple[str, TrainConfig]], out: str, grams_co2_per_kwh: float) -> tuple[list, list, list]:
+    """results.csv rows, curves.csv points and evaluations.csv points (one per
+    evaluated checkpoint) of the finished runs in `runs`."""
+    rows, curves, evaluations = [], [], []
     for name, config in runs:
         if not finished(config):
             continue
         random, reference = env_scale(config.env, out)
         curve = read_curve(config.logdir)
+        evaluated_checkpoints = parity.read_evaluations(config.logdir)
         rows.append(compare_rows.tidy_row(
             name, config, read_json(os.path.join(config.logdir, "summary.json")),
-            read_measurements(config.logdir), curve, parity.read_evaluations(config.logdir),
+            read_measurements(config.logdir), curve, evaluated_checkpoints,
             random=random, reference=reference, grams_co2_per_kwh=grams_co2_per_kwh,
         ))
         curves.extend({"config": name, "seed": config.seed, **p} for p in curve)
-    return rows, curves
+        evaluations.extend({"config": name, "seed": config.seed, **p}
+                           for p in parity.evaluation_points(evaluated_checkpoints, random, reference))
+    return rows, curves, evaluations
 
 
 def report(out: str, runs: list[tuple[str, TrainConfig]] | None = None,
@@ -279,15 +283,18 @@ def report(out: str, runs: list[tuple[str, TrainConfig]] | None = None,
     Then reads them back from `out`, (re)draws the plots and summary.md, and
     returns the summary, the table and the plot paths."""
     if runs is not None:
-        rows, curves = rows_of(runs, out, grams_co2_per_kwh)
-        write_csv(os.path.join(out, "results.csv"), rows)
-        write_csv(os.path.join(out, "curves.csv"), curves)
+        for name, rows in zip(("results.csv", "curves.csv", "evaluations.csv"), rows_of(runs, out, grams_co2_per_kwh)):
+            write_csv(os.path.join(out, name), rows)
     if not os.path.exists(os.path.join(out, "results.csv")):
         return {"summary": [], "plots": [], "table": "(no finished run yet)"}
+
+    def read_if_there(name: str) -> list[dict]:
+        return read_csv(os.path.join(out, name)) if os.path.exists(os.path.join(out, name)) else []
+
     rows = read_csv(os.path.join(out, "results.csv"))
-    curves = read_csv(os.path.join(out, "curves.csv")) if os.path.exists(os.path.join(out, "curves.csv")) else []
     summary = compare_rows.summarize(rows)
     table = compare_rows.format_table(summary)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n")
-    return {"summary": summary, "plots": compare_rows.plot(rows, curves, out), "table": table}
+    plots = compare_rows.plot(rows, read_if_there("curves.csv"), out, read_if_there("evaluations.csv"))
+    return {"summary": summary, "plots": plots, "table": table}

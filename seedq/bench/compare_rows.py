@@ -202,8 +202,9 @@ def return_at(curves: list[dict], config: str, frames: float) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def plot(rows: list[dict], curves: list[dict], out: str) -> list[str]:
-    """Writes the four PNGs into `out`; returns their paths."""
+def plot(rows: list[dict], curves: list[dict], out: str, evaluations: list[dict] = ()) -> list[str]:
+    """Writes the PNGs into `out` (the fifth, the kept checkpoints' normalised
+    evaluations, where there are any); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,4 +255,16 @@ def plot(rows: list[dict], curves: list[dict], out: str) -> list[str]:
     ax.set_ylabel("actor time per env frame (µs)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     save(fig, "time_split.png")
+
+    if any(e.get("normalized") is not None for e in evaluations):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for name in names:
+            for i, seed in enumerate(dict.fromkeys(e["seed"] for e in evaluations if e["config"] == name)):
+                points = [e for e in evaluations if e["config"] == name and e["seed"] == seed]
+                ax.plot([p["frames"] for p in points], [p["normalized"] for p in points], "o-", color=colors[name],
+                        alpha=0.8, label=name if i == 0 else None)
+        ax.set_xlabel("env frames (kept checkpoints)")
+        ax.set_ylabel("greedy evaluation, normalised")
+        ax.legend(loc="lower right")
+        save(fig, "evaluations.png")
     return paths

@@ -32,6 +32,10 @@ RANDOM_SEED = 10_000  # env seeds of the random-policy episodes (apart from eval
 # Episodes played at once (one vector env each): bounds memory on Atari,
 # where hundreds of emulators at once would take gigabytes.
 EVAL_CHUNK = 100
+# An evaluation episode still running after this many agent steps ends there
+# with its return so far: MinAtar has no time limit, and a good greedy policy
+# may play on for very long (ALE ids end at 108k emulator frames on their own).
+EVAL_MAX_STEPS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +126,11 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
         if name in done and done[name]["episodes"] >= episodes:
             continue
         loaded = load_policy(step_dir, precision=precision)
-        returns = evaluate_in_chunks(loaded.policy, loaded.config, episodes, seed)
+        returns, truncated = evaluate_in_chunks(loaded.policy, loaded.config, episodes, seed)
         done[name] = {
             "frames": loaded.counters.get("frames"), "train_steps": loaded.counters.get("train_steps"),
-            "episodes": episodes, "seed": seed, "precision": precision,
-            "mean": sum(returns) / len(returns), "returns": returns,
+            "episodes": episodes, "seed": seed, "precision": precision, "max_steps": EVAL_MAX_STEPS,
+            "truncated": truncated, "mean": sum(returns) / len(returns), "returns": returns,
         }
         log(f"{run_dir}: {name} ({done[name]['frames']:,} frames): mean {done[name]['mean']:.2f} "
             f"over {episodes} episodes")
@@ -134,16 +138,20 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
     return done
 
 
-def evaluate_in_chunks(policy, config: TrainConfig, episodes: int, seed: int) -> list[float]:
+def evaluate_in_chunks(policy, config: TrainConfig, episodes: int, seed: int) -> tuple[list[float], int]:
     """Returns of `episodes` episodes, env i reset with seed + i as in one
-    `seedq.evaluation.evaluate` call, played EVAL_CHUNK at a time."""
+    `seedq.evaluation.evaluate` call, played EVAL_CHUNK at a time, and how many
+    were cut at EVAL_MAX_STEPS."""
     from seedq.evaluation import evaluate
 
     returns: list[float] = []
+    truncated = 0
     for start in range(0, episodes, EVAL_CHUNK):
         n = min(EVAL_CHUNK, episodes - start)
-        returns += evaluate(policy, config.env, n, seed + start, config.env_options).returns
-    return returns
+        result = evaluate(policy, config.env, n, seed + start, config.env_options, max_steps=EVAL_MAX_STEPS)
+        returns += result.returns
+        truncated += result.truncated
+    return returns, truncated
 
 
 def _write_json(path: str, value: dict) -> None:
@@ -158,8 +166,9 @@ def parity_columns(evaluations: dict[str, dict], random: float | None, reference
     (newest) and the best checkpoint's mean return, both normalised, and
     final / best (None where the best is not above the random policy)."""
     if not evaluations:
-        return dict.fromkeys(("checkpoints_evaluated", "eval_episodes", "final_eval_return", "best_eval_return",
-                              "best_eval_frames", "final_normalized", "best_normalized", "final_over_best"))
+        return dict.fromkeys(("checkpoints_evaluated", "eval_episodes", "eval_truncated", "final_eval_return",
+                              "best_eval_return", "best_eval_frames", "final_normalized", "best_normalized",
+                              "final_over_best"))
     ordered = sorted(evaluations.items())  # step_<zero-padded>: oldest first
     final = ordered[-1][1]
     best = max((e for _, e in ordered), key=lambda e: e["mean"])
@@ -171,6 +180,7 @@ def parity_columns(evaluations: dict[str, dict], random: float | None, reference
     return {
         "checkpoints_evaluated": len(ordered),
         "eval_episodes": min(e["episodes"] for _, e in ordered),
+        "eval_truncated": sum(e.get("truncated", 0) for _, e in ordered),  # episodes cut at max_steps
         "final_eval_return": final["mean"],
         "best_eval_return": best["mean"],
         "best_eval_frames": best["frames"],
@@ -178,6 +188,15 @@ def parity_columns(evaluations: dict[str, dict], random: float | None, reference
         "best_normalized": best_n,
         "final_over_best": final_n / best_n if final_n is not None and best_n and best_n > 0 else None,
     }
+
+
+def evaluation_points(evaluations: dict[str, dict], random: float | None, reference: float | None) -> list[dict]:
+    """One point per evaluated checkpoint, oldest first: frames, mean return, normalised."""
+    return [
+        {"checkpoint": name, "frames": e["frames"], "episodes": e["episodes"], "mean": e["mean"],
+         "normalized": None if reference is None else normalised(e["mean"], random, reference)}
+        for name, e in sorted(evaluations.items())
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
