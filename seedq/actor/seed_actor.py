@@ -96,6 +96,7 @@ class ActorStats:
     load_seconds: float = 0.0
     pulls: int = 0
     pull_bytes: int = 0  # serialized parameter bytes received by the pulls
+    params_pulled: int = 0  # pulls that brought parameters (not "nothing newer")
     unroll_batches: int = 0
     # Serialized message bytes actually sent / received (seedq.wire.metered).
     bytes: ByteCounter = dataclasses.field(default_factory=ByteCounter)
@@ -123,6 +124,7 @@ class ActorStats:
             "communication_seconds": self.communication_seconds, "pull_seconds": self.pull_seconds,
             "load_seconds": self.load_seconds, "bytes_sent": self.bytes.sent,
             "bytes_received": self.bytes.received, "pulls": self.pulls, "pull_bytes": self.pull_bytes,
+            "params_pulled": self.params_pulled,
         }
 
     def step_done(self) -> None:
@@ -152,6 +154,7 @@ class ActorStats:
             "load_seconds": self.load_seconds,
             "pulls": self.pulls,
             "pull_bytes": self.pull_bytes,
+            "params_pulled": self.params_pulled,
             "unroll_batches": self.unroll_batches,
             "bytes_sent": self.bytes.sent,
             "bytes_received": self.bytes.received,

@@ -25,7 +25,8 @@ NO_PULLS = "n/a (central inference: no pulls)"
 def actor_totals(actor_stats: list[dict]) -> dict:
     """Sums over actors of their steady-state counters (whole run where missing),
     and `whole_cpu_seconds`: their CPU over the whole run (start-up included)."""
-    keys = ("frames", "seconds", "cpu_seconds", "bytes_sent", "bytes_received", "pulls", "pull_bytes") + tuple(
+    keys = ("frames", "seconds", "cpu_seconds", "bytes_sent", "bytes_received", "pulls", "params_pulled",
+            "pull_bytes") + tuple(
         f"{k}_seconds" for k in SPLIT
     )
     totals = dict.fromkeys(keys, 0.0)
@@ -94,9 +95,11 @@ def tidy_row(name: str, config: TrainConfig, summary: dict, segments: list[dict]
         # IMPALA only (SEED actors pull nothing: empty, not 0).
         "param_pulls": int(t["pulls"]) if impala else None,
         "param_pull_every_unrolls": config.param_pull_every if impala else None,
-        "param_pull_bytes_mean": _per(t["pull_bytes"], t["pulls"]) if impala else None,
+        # Per pull that brought parameters (a pull answered "nothing newer" carries none).
+        "param_pulls_with_params": int(t["params_pulled"]) if impala else None,
+        "param_pull_bytes_mean": _per(t["pull_bytes"], t["params_pulled"]) if impala else None,
         "param_pull_ms_mean": _per(t["pull_seconds"], t["pulls"], 1e3) if impala else None,
-        "param_load_ms_mean": _per(t["load_seconds"], t["pulls"], 1e3) if impala else None,
+        "param_load_ms_mean": _per(t["load_seconds"], t["params_pulled"], 1e3) if impala else None,
         "policy_lag_mean": summary.get("policy_lag_mean"),
         **{f"{k}_us_per_frame": 1e6 * t[f"{k}_seconds"] / frames for k in SPLIT},
         # Actor wall time outside the five timed parts (bookkeeping, unroll assembly).
@@ -230,7 +233,8 @@ def plot(rows: list[dict], curves: list[dict], out: str, evaluations: list[dict]
                         alpha=0.8, label=name if i == 0 else None)
         ax.set_xlabel(label)
         ax.set_ylabel("mean return (last 100 episodes)")
-        ax.legend(loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # (no finished episode yet: no curve)
+            ax.legend(loc="lower right")
         save(fig, filename)
 
     fig, ax = plt.subplots(figsize=(6.5, 4))

@@ -182,6 +182,7 @@ async def pull_params(stub, actor_id: str, have_version: int, stats: ActorStats,
     stats.pull_bytes += sum(chunk.ByteSize() for chunk in chunks)
     if data is None:
         return None
+    stats.params_pulled += 1
     params = impala_codec.deserialize_params(data)
     check_params(params, expected)
     params = jax.block_until_ready(jax.device_put(params))
