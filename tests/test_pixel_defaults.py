@@ -1,5 +1,6 @@
 """The V-trace defaults follow the observation: pixel frames (Atari) get one
-pass per frame and unscaled clipped rewards; small grids and vectors keep the
+pass per frame and unscaled clipped rewards, and a server that paces its
+batches to the learner; small grids and vectors keep the
 small-env defaults."""
 
 import json
@@ -27,12 +28,15 @@ def test_pixel_observations_are_uint8_frames_of_nature_cnn_size(shape, dtype, pi
 
 
 def test_pong_gets_the_pixel_defaults_and_minatar_the_small_env_ones():
-    assert env_defaults("ALE/Pong-v5").vtrace == PIXEL_VTRACE
-    assert env_defaults("MinAtar/Breakout-v1").vtrace == VTraceConfig()
+    pong, minatar = env_defaults("ALE/Pong-v5"), env_defaults("MinAtar/Breakout-v1")
+    assert pong.vtrace == PIXEL_VTRACE and minatar.vtrace == VTraceConfig()
     assert PIXEL_VTRACE.reuse == 1 and PIXEL_VTRACE.lookahead == 0
+    assert (pong.server.queue_full, minatar.server.queue_full) == ("pace", "wait")
 
 
 def test_print_config_shows_the_pixel_defaults_and_flags_override_them(capsys):
     assert cli.main(["train", "--env", "ALE/Pong-v5", "--vtrace.reuse", "2", "--print-config"]) == 0
-    vtrace = json.loads(capsys.readouterr().out)["vtrace"]
+    config = json.loads(capsys.readouterr().out)
+    vtrace = config["vtrace"]
     assert (vtrace["reuse"], vtrace["lookahead"], vtrace["reward_scale"]) == (2, 0, 1.0)
+    assert config["server"]["queue_full"] == "pace"

@@ -77,7 +77,7 @@ def test_trained_and_dropped_frames_account_for_the_frames_stepped():
 
 @pytest.mark.e2e
 def test_the_cli_resolves_the_envs_defaults_and_passes_agent_flags_through(capsys):
-    """As `seedq train`: Pong's pixel defaults, then the --vtrace.* flags given."""
+    """As `seedq train`: Pong's pixel defaults (agent and server), then the --vtrace.* flags given."""
     import json
 
     from seedq import cli
@@ -87,12 +87,13 @@ def test_the_cli_resolves_the_envs_defaults_and_passes_agent_flags_through(capsy
     assert cli.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["vtrace.reuse"], result["vtrace.lookahead"], result["vtrace.unroll_length"]) == (1, 0, 5)
+    assert result["server.queue_full"] == "pace"  # the server section too
     assert result["system_fps"] > 0
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("rule, drops", [("wait", False), ("drop_oldest", True)])
-def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, rule, drops):
+@pytest.mark.parametrize("rule, drops, paced", [("wait", False, False), ("drop_oldest", True, False), ("pace", False, True)])
+def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, rule, drops, paced):
     from seedq.config import ServerConfig, TrainConfig
     from seedq.learner.learner import Learner
 
@@ -100,7 +101,7 @@ def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, 
     config.validate()
     learner = Learner(config, f"unix:{tmp_path}/l.sock")
     try:
-        assert learner.queue.drop_oldest is drops
+        assert learner.queue.drop_oldest is drops and learner.inference.pace is paced
     finally:
         learner.stop()
 
@@ -109,5 +110,55 @@ def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, 
 def test_an_unknown_queue_full_rule_is_one_line():
     from seedq.config import ServerConfig
 
-    with pytest.raises(ValueError, match=r"^server.queue_full='drop': choose one of wait, drop_oldest$"):
+    with pytest.raises(ValueError, match=r"^server.queue_full='drop': choose one of wait, drop_oldest, pace$"):
         ServerConfig(queue_full="drop").validate()
+
+
+@pytest.mark.unit
+def test_pacing_starts_past_two_batches_matches_the_learners_rate_and_slows_further_with_the_backlog():
+    from seedq.server.pacing import MAX_SLOWDOWN, pace_interval
+
+    # The learner takes 64 unrolls/s; the batch recorded 1.6 unrolls' worth of steps.
+    assert pace_interval(1.6, backlog=32, target=32, take_rate=64.0) == 0.0  # at the target: full speed
+    assert pace_interval(1.6, backlog=40, target=32, take_rate=None) == 0.0  # rate not known yet
+    assert pace_interval(1.6, backlog=33, target=32, take_rate=64.0) == pytest.approx(1.6 / 64 * 33 / 32)
+    assert pace_interval(1.6, backlog=900, target=32, take_rate=64.0) == pytest.approx(1.6 / 64 * MAX_SLOWDOWN)
+
+
+@pytest.mark.unit
+def test_the_queue_measures_the_rate_the_learner_takes_unrolls_and_its_pacing_target(monkeypatch):
+    from seedq.server import unrolls
+
+    clock = iter([10.0, 10.5, 11.0])
+    monkeypatch.setattr(unrolls.time, "monotonic", lambda: next(clock))
+    queue = UnrollQueue(64)
+    assert queue.pace_target() == 0 and queue.take_rate.per_second() is None
+    queue.try_put(_chunk(0, 48))
+    for _ in range(3):
+        queue.get(16)
+    # Two takes of 16 after the first, over one second; two batches of 16 kept.
+    assert queue.take_rate.per_second() == pytest.approx(32.0)
+    assert queue.pace_target() == 32
+
+
+@pytest.mark.e2e
+def test_pacing_keeps_the_learner_on_fresh_unrolls_when_training_is_the_bottleneck():
+    """A learner far slower than its actors (a wide MLP trained 8 times per
+    batch): under `wait` the 256-unroll queue fills and the learner trains on
+    unrolls 16 batches old; paced, the loop slows before that."""
+    import dataclasses
+
+    from seedq.config import ServerConfig
+    from seedq.flags import env_defaults
+
+    base = env_defaults("CartPole-v1")
+    config = dataclasses.replace(
+        base, env="CartPole-v1", num_actors=1, envs_per_actor=16,
+        vtrace=dataclasses.replace(base.vtrace, reuse=8, hidden_sizes=(512, 512)),
+        server=ServerConfig(queue_full="pace"),
+    )
+    config.validate()
+    result = throughput.system_fps(config, seconds=4.0, warmup_seconds=2.0, train=True)
+    assert result["bottleneck"] == "training" and result["paced_share"] > 0
+    batches_queued_when_full = config.server.queue_capacity_unrolls / config.vtrace.batch_size
+    assert result["policy_lag_mean"] < batches_queued_when_full * config.vtrace.reuse / 2

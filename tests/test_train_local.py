@@ -49,8 +49,8 @@ def test_short_run_writes_run_directory(tmp_path):
 @pytest.mark.e2e
 def test_many_envs_whose_unrolls_do_not_divide_into_batches_keep_training(tmp_path):
     """One actor of 250 envs finishes 250 unrolls in one inference batch; the
-    learner takes 16 at a time from a queue of 256. Before stop 36 the queue
-    let a chunk in only if it fit: 10 left, 250 more did not fit, and the
+    learner takes 16 at a time from a queue of 256. A queue that
+    let a chunk in only if it fit deadlocked: 10 left, 250 more did not fit, and the
     learner waited for 16 for ever (stuck at 5,250 frames). Bounded by
     --max-seconds: a stuck run ends 'max_seconds', not 'max_frames'."""
     logdir = tmp_path / "run"

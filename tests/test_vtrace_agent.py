@@ -165,7 +165,7 @@ def test_small_image_network_is_chosen_for_minatar_frames_and_runs(precision):
 
 @pytest.mark.unit
 def test_layer_norm_reaches_the_mlp_torso_only_so_image_envs_keep_their_network():
-    """The LayerNorm default (all_layers, stop 37) changes the MLP envs' network;
+    """The LayerNorm default (all_layers) changes the MLP envs' network;
     MinAtar's and Atari's CNN agents get exactly the same parameters."""
     def params(spec, mode):
         return VTraceAgent(spec, VTraceConfig(layer_norm=mode)).init(jax.random.PRNGKey(0)).params

@@ -25,6 +25,7 @@ import numpy as np
 
 from seedq.config import LAYER_NORM_MODES
 from seedq.agents.inputs import observation_input, scale_pixels
+from seedq.agents.strided_conv import conv_general_dilated as blocks_conv
 
 NETWORKS = ("mlp", "small_cnn", "nature_cnn", "impala_cnn")
 # Smallest image side each conv torso takes. The Nature CNN's VALID convs
@@ -112,8 +113,9 @@ class NatureCNN(nn.Module):
     def __call__(self, obs: jax.Array) -> jax.Array:
         """obs [N, 84, 84, C] uint8 (or float in [0, 1]) -> [N, 512]."""
         x = _to_float(obs)
-        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID")(x))
-        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
+        # The strided layers' weight gradients as matrix products (XLA:CPU's own are slow).
+        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", conv_general_dilated=blocks_conv)(x))
+        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", conv_general_dilated=blocks_conv)(x))
         x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
         x = x.reshape(x.shape[0], -1)
         return nn.relu(nn.Dense(512)(x))

@@ -80,6 +80,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             f0, b0, s0, t0 = learner.table.frames, stats.batches, stats.env_steps, learner.train_steps
             busy0, m0, g0 = stats.busy_seconds, stats.requests, stats.greedy_batches
             held0, dropped0 = stats.backpressure_seconds, learner.queue.dropped_unrolls
+            paced0, lag0 = stats.paced_seconds, learner.policy_lag.totals()
             cpu0, thread_cpu0 = time.process_time(), learner.server_thread_cpu_seconds()
             started = time.perf_counter()
             time.sleep(seconds)
@@ -93,6 +94,8 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             train_steps = learner.train_steps - t0
             busy = stats.busy_seconds - busy0
             held = stats.backpressure_seconds - held0
+            paced = stats.paced_seconds - paced0
+            _, lag_mean, _ = learner.policy_lag.since(lag0)
             dropped = (learner.queue.dropped_unrolls - dropped0) * new_frames_per_unroll(config)
             greedy_batches = stats.greedy_batches - g0
             batching = learner.inference.batching
@@ -115,8 +118,12 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
         "bottleneck": bottleneck_of(train, held_share, inference_share, thread_busy,
                                     dropped / frames if frames else 0.0),
         # Share of the window the batch loop waited for the learner to take
-        # unrolls (the queue was full): the actors were held back by training.
+        # unrolls (the queue was full, or pacing): the actors were held back by training.
         "queue_full_share": held_share,
+        # Its share pacing (server.queue_full pace): slowed to the learner's rate before the queue was full.
+        "paced_share": paced / elapsed,
+        # Updates between the parameters that acted and those trained on, mean over the window.
+        "policy_lag_mean": lag_mean,
         # Frames dropped unseen when the queue was full (server.queue_full drop_oldest), per second.
         "dropped_fps": dropped / elapsed,
         "devices": split,
@@ -197,18 +204,18 @@ def run(
     base=None,
 ) -> dict:
     """`devices`: a `DevicesConfig` split for the learner (default: auto);
-    `server`: the learner's `ServerConfig` (batcher settings; default: defaults);
+    `server`: the learner's `ServerConfig` (default: the base's, the env's defaults);
     `base`: the run config the agent sections come from (default: the env's
     defaults, as `seedq train` resolves them)."""
     import dataclasses
 
     from seedq.bench.learner import learner_fields
-    from seedq.config import DevicesConfig, ServerConfig
     from seedq.flags import env_defaults
 
+    base = base if base is not None else env_defaults(env_id)
     config = dataclasses.replace(
-        base if base is not None else env_defaults(env_id), env=env_id, num_actors=num_actors,
-        envs_per_actor=envs_per_actor, devices=devices or DevicesConfig(), server=server or ServerConfig(),
+        base, env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
+        devices=devices or base.devices, server=server or base.server,
     )
     config.validate()  # bad flags are refused before the raw phase spends its seconds
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
@@ -220,6 +227,7 @@ def run(
         "seconds": seconds,
         "training": train,
         "agent": config.agent,
+        "server.queue_full": config.server.queue_full,
         **learner_fields(config),
         "system_fps": system["system_fps"],
         "raw_env_fps": raw,

@@ -313,6 +313,7 @@ def _throughput(args: argparse.Namespace) -> int:
     from seedq.bench import throughput
 
     try:
+        base = _agent_config(args)
         result = throughput.run(
             env_id=args.env,
             num_actors=args.actors,
@@ -320,9 +321,9 @@ def _throughput(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             warmup_seconds=args.warmup_seconds,
             train=not args.no_train,
-            devices=config_from_args(args, config_lib.DevicesConfig, "devices."),
-            server=config_from_args(args, config_lib.ServerConfig, "server."),
-            base=_agent_config(args),
+            devices=config_from_args(args, config_lib.DevicesConfig, "devices.", base.devices),
+            server=config_from_args(args, config_lib.ServerConfig, "server.", base.server),
+            base=base,
         )
     except (ValueError, RuntimeError) as e:
         print(f"seedq bench throughput: {e}", file=sys.stderr)

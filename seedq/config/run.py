@@ -256,6 +256,12 @@ def is_pixel_observation(obs_shape: Sequence[int], obs_dtype) -> bool:
     return np.dtype(obs_dtype) == np.uint8 and len(shape) in (2, 3) and min(shape[:2]) >= PIXEL_MIN_SIDE
 
 
+# Pixel envs' server: training, not the env, is what the actors wait for, so
+# the batch loop paces itself to the learner (seedq.server.pacing) instead of
+# holding a batch for a whole train step once the queue is full.
+PIXEL_SERVER = ServerConfig(queue_full="pace")
+
+
 def defaults_for(continuous_actions: bool, target_return: Optional[float] = None,
                  pixels: bool = False) -> TrainConfig:
     """The default run config for an env with Discrete or Box actions, pixel
@@ -265,5 +271,5 @@ def defaults_for(continuous_actions: bool, target_return: Optional[float] = None
     if continuous_actions:
         return dataclasses.replace(base, vtrace=CONTINUOUS_VTRACE)
     if pixels:
-        return dataclasses.replace(base, vtrace=PIXEL_VTRACE)
+        return dataclasses.replace(base, vtrace=PIXEL_VTRACE, server=PIXEL_SERVER)
     return base

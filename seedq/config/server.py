@@ -10,7 +10,7 @@ from seedq.config.checks import check_channel, check_choice, check_non_negative,
 # The inference batcher's rules (seedq.server.batching).
 BATCHING_RULES = ("auto", "wait", "greedy")
 # What the inference loop does when the unroll queue is full (ServerConfig.queue_full).
-QUEUE_FULL_RULES = ("wait", "drop_oldest")
+QUEUE_FULL_RULES = ("wait", "drop_oldest", "pace")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,13 @@ class ServerConfig:
     # bound could deadlock: seedq.server.unrolls.UnrollQueue).
     queue_capacity_unrolls: int = 256
     # When that queue is full: `wait` (backpressure: the actors go at the
-    # learner's pace, and round trips wait for train steps) or `drop_oldest`
+    # learner's pace, and round trips wait for train steps), `drop_oldest`
     # (inference never waits; the oldest unrolls are dropped and the learner
-    # trains on the freshest it can keep up with).
+    # trains on the freshest it can keep up with), or `pace`: from two learner
+    # batches queued, the batch loop slows to the rate the learner takes
+    # unrolls, so every round trip grows a little instead of one in a few
+    # waiting out a train step, and the learner trains on fresh unrolls
+    # (seedq.server.pacing); a full queue still waits. `pace` for pixel envs.
     queue_full: str = "wait"
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096

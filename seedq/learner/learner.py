@@ -122,6 +122,7 @@ class Learner:
             precision=self.precision,
             devices=self.devices.inference if len(self.devices.inference) > 1 else None,
             batching=BatchingRule(config.server.batching),
+            pace=config.server.queue_full == "pace",
         )
         self.inference.publish(self.published_params(self.state), self.version)
         # Deterministic runs: inference waits for training (`_lockstep`), which

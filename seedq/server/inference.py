@@ -42,6 +42,7 @@ from seedq.quant.mode import InferencePrecision
 from seedq.schema import EnvSpec
 from seedq.server.batching import GREEDY, BatchingRule
 from seedq.server.env_table import ActorEntry, EnvTable
+from seedq.server.pacing import pace_interval
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire import codec
 from seedq.wire.codec import Steps
@@ -93,7 +94,9 @@ class InferenceStats:
     env_steps: int = 0
     padded_steps: int = 0
     busy_seconds: float = 0.0
+    # Waits for the learner: for room in a full unroll queue, and pacing's.
     backpressure_seconds: float = 0.0
+    paced_seconds: float = 0.0  # pacing's share of those (server.queue_full pace)
     compiles: int = 0
     # Batches run by the greedy rule (no wait for the streams; seedq.server.batching).
     greedy_batches: int = 0
@@ -129,13 +132,16 @@ class InferenceServer:
         precision: InferencePrecision | None = None,
         devices=None,
         batching: BatchingRule | None = None,
+        pace: bool = False,
     ):
         """`precision`: the inference precision mode (fp32 when None); `publish`
         takes parameters already published at it. `reward_clip` > 0: training
         rewards are clipped to [-reward_clip, reward_clip] (Atari); episode
         returns are booked from the unclipped rewards. `devices`: several
         inference devices, each batch split across them (`seedq.devices`).
-        `batching`: the batcher's rule (default: always wait for the streams)."""
+        `batching`: the batcher's rule (default: always wait for the streams).
+        `pace`: slow the batch loop to the learner's rate before the unroll
+        queue is full (`seedq.server.pacing`)."""
         self.agent = agent
         self.spec = spec
         self.table = table
@@ -170,6 +176,9 @@ class InferenceServer:
         # learner has trained on every full batch, True when serving must stop.
         self.lockstep = None
         self._halted = False
+        self.pace = pace
+        # Pacing: the loop time before which the next batch does not start.
+        self._next_batch_at = 0.0
 
     @property
     def store(self):
@@ -252,6 +261,8 @@ class InferenceServer:
             if self._halted:  # a deterministic run's last frame is acted on: no more batches
                 await asyncio.Event().wait()
             await self._has_work.wait()
+            if self.pace and self._next_batch_at > loop.time():
+                await self._wait_for_pace(loop)
             now = loop.time()
             greedy = self.batching.current(now, self.stats.env_steps, self.table.num_connected) == GREEDY
             deadline = now + self.timeout
@@ -278,6 +289,25 @@ class InferenceServer:
                 self._has_work.clear()
             if batch:
                 await self._run_batch(batch, greedy)
+                if self.pace:
+                    self._next_batch_at = now + self._pace_interval(sum(len(r.steps) for r in batch))
+
+    async def _wait_for_pace(self, loop) -> None:
+        """Holds the next batch until its paced start; requests gather meanwhile.
+        The wait is the learner's, as a full queue's is (counted alike)."""
+        waited = time.perf_counter()
+        await asyncio.sleep(self._next_batch_at - loop.time())
+        seconds = time.perf_counter() - waited
+        self.stats.backpressure_seconds += seconds
+        self.stats.busy_seconds += seconds
+        self.stats.paced_seconds += seconds
+
+    def _pace_interval(self, env_steps: int) -> float:
+        store = self.core.store
+        if store is None:
+            return 0.0
+        produced = env_steps / (store.length - store.overlap)
+        return pace_interval(produced, len(self.queue), self.queue.pace_target(), self.queue.take_rate.per_second())
 
     def _count_timed_out_wait(self) -> None:
         if not self._awaited:

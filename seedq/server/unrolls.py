@@ -2,7 +2,9 @@
 
 `UnrollQueue` is the hand-off to the training thread: when it is full, `put`
 blocks (the inference loop then stops answering actors), so a learner that
-falls behind slows acting down instead of growing memory.
+falls behind slows acting down instead of growing memory. The queue also
+measures how fast the learner takes unrolls, which pacing
+(`seedq.server.pacing`) slows the inference loop to before the queue is full.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 
 import numpy as np
+
+from seedq.server.pacing import TARGET_BATCHES, TakeRate
 
 
 class QueueClosed(Exception):
@@ -37,6 +42,8 @@ class UnrollQueue:
     def __init__(self, capacity: int, drop_oldest: bool = False):
         self.capacity = capacity
         self.drop_oldest = drop_oldest
+        # How fast the learner takes unrolls, for pacing (seedq.server.pacing).
+        self.take_rate = TakeRate()
         self.dropped_unrolls = 0
         self.put_unrolls = 0  # every unroll let in (the dropped ones too)
         self._chunks: collections.deque[dict[str, np.ndarray]] = collections.deque()
@@ -103,6 +110,7 @@ class UnrollQueue:
                     self._chunks[0] = {n: a[need:] for n, a in chunk.items()}
                     need = 0
             self._size -= batch_size
+            self.take_rate.took(time.monotonic(), batch_size)
             self._cond.notify_all()
         if len(parts) == 1:
             return parts[0]
@@ -124,9 +132,14 @@ class UnrollQueue:
                 return None
             chunks = list(self._chunks)
             self._chunks.clear()
+            self.take_rate.took(time.monotonic(), self._size)
             self._size = 0
             self._cond.notify_all()
         return chunks
+
+    def pace_target(self) -> int:
+        """The backlog pacing keeps: TARGET_BATCHES of the learner's latest take (0 before any)."""
+        return TARGET_BATCHES * self.take_rate.last_take
 
     def _has_room(self) -> bool:
         return self._size < self.capacity
