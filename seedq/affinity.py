@@ -6,17 +6,17 @@ from __future__ import annotations
 import os
 
 
-def parse_cores(text: str) -> set[int]:
-    """Core ids from "0", "0-1", "0,2-3"; ValueError naming what is wrong."""
+def parse_cores(text: str, name: str = "actor_cores") -> set[int]:
+    """Core ids from "0", "0-1", "0,2-3"; ValueError naming `name` and what is wrong."""
     cores: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         lo, sep, hi = part.partition("-")
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise ValueError(f"actor_cores={text!r}: {part!r} is not a core id or a range like 0-1") from None
+            raise ValueError(f"{name}={text!r}: {part!r} is not a core id or a range like 0-1") from None
         if first < 0 or last < first:
-            raise ValueError(f"actor_cores={text!r}: {part!r} is not a range of core ids >= 0")
+            raise ValueError(f"{name}={text!r}: {part!r} is not a range of core ids >= 0")
         cores.update(range(first, last + 1))
     return cores
 

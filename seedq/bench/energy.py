@@ -7,8 +7,9 @@ Three sources, the first that works is used and named in every row
   of every CPU package, read before and after the run (a counter that passed
   its max_energy_range_uj wrapped once). They measure the whole package, so
   whatever else runs on the machine at the same time is counted too.
-  (Read here directly: a few files; codecarbon's own RAPL path would also
-  work, but it averages sampled powers instead of differencing the counters.)
+  (Read here directly, once before and once after the run: a few files,
+  wraparound included; codecarbon samples the same counters at an interval
+  in a thread, which a before/after difference does not need.)
 * ``codecarbon``: codecarbon's offline tracker in process mode: CPU power from
   the CPU model's TDP times this process's and its children's share of the
   CPU time, plus its RAM power model. An estimate.

@@ -103,13 +103,14 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_actor_config(args)
     if args.cores:  # first, so that every thread started later inherits it
-        from seedq.affinity import pin_process
+        from seedq.affinity import parse_cores, pin_process
 
         try:
-            why_not = pin_process(args.cores)
+            parse_cores(args.cores, "--cores")
         except ValueError as e:
-            print(f"seedq {args.command}: --cores: {e}", file=sys.stderr)
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
             return 2
+        why_not = pin_process(args.cores)
         if why_not:
             print(f"seedq {args.command}: {why_not}", file=sys.stderr, flush=True)
     from seedq import grpc_setup
