@@ -372,6 +372,12 @@ def locate(path: str) -> tuple[str, int]:
     return root, steps[-1]
 
 
+def step_dirs(run_dir: str) -> list[str]:
+    """The complete checkpoint step directories of a run, oldest first."""
+    root = os.path.join(os.path.abspath(run_dir), DIRNAME)
+    return [os.path.join(root, _step_name(step)) for step in _steps_in(root)]
+
+
 def has_checkpoint(path: str) -> bool:
     """Whether `locate(path)` finds a checkpoint (a run to resume)."""
     try:

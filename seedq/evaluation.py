@@ -45,6 +45,7 @@ class EvalResult:
     greedy: bool
     returns: list[float]
     lengths: list[int]
+    truncated: int = 0  # episodes cut at `max_steps` (their return so far counted)
 
     @property
     def mean(self) -> float:
@@ -67,6 +68,7 @@ class EvalResult:
             "mean_length": float(np.mean(self.lengths)),
             "returns": list(self.returns),
             "lengths": list(self.lengths),
+            "truncated": self.truncated,
         }
 
     def line(self) -> str:
@@ -127,30 +129,40 @@ class RandomPolicy:
 
 
 def evaluate(
-    policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions()
+    policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions(),
+    max_steps: int | None = None,
 ) -> EvalResult:
-    """Plays `episodes` episodes (one per env of a vector env) and returns their returns."""
+    """Plays `episodes` episodes (one per env of a vector env) and returns their returns.
+    `max_steps`: an episode still running after that many steps ends there, with
+    its return so far (for envs without a time limit of their own, where a good
+    greedy policy may play on indefinitely; `truncated` counts them)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     env = make_vector_env(env_id, episodes, options=options)
     returns = np.zeros(episodes, np.float64)
     lengths = np.zeros(episodes, np.int64)
     done = np.zeros(episodes, bool)  # each env's first episode is the one counted
+    so_far = np.zeros(episodes, np.float64)  # the running return of each first episode
+    steps = 0
     try:
         obs, _ = env.reset(seed=seed)
         no = np.zeros(episodes, bool)
         result = policy.start(episodes, seed).step(obs, np.zeros(episodes, np.float32), no, no)
-        while not done.all():
+        while not done.all() and (max_steps is None or steps < max_steps):
             obs, rewards, terminated, truncated, _ = env.step(result.actions)
+            steps += 1
+            so_far[~done] += np.asarray(rewards, np.float64)[~done]
             result = policy.step(obs, rewards, terminated, truncated)
             new = ~done[result.ended_slots]
             ended = result.ended_slots[new]
             returns[ended], lengths[ended], done[ended] = result.ended_returns[new], result.ended_lengths[new], True
     finally:
         env.close()
+    cut = ~done
+    returns[cut], lengths[cut] = so_far[cut], steps
     return EvalResult(
         env=env_id, episodes=episodes, seed=seed, greedy=policy.greedy,
-        returns=[float(r) for r in returns], lengths=[int(n) for n in lengths],
+        returns=[float(r) for r in returns], lengths=[int(n) for n in lengths], truncated=int(cut.sum()),
     )
 
 

@@ -63,6 +63,8 @@ def actor_command(
     cmd += config_flags(local_channel_config(config), config_lib.ActorChannelConfig)
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
+    if config.actor_cores:
+        cmd += ["--cores", config.actor_cores]
     return cmd
 
 

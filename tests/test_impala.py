@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -384,11 +385,12 @@ def test_impala_actor_against_a_seed_learner_exits_with_a_clear_error(tmp_path):
 
 def test_compare_writes_csv_and_plots(tmp_path):
     out = tmp_path / "cmp"
-    result = seedq(
+    args = (
         "compare", "--env", "CartPole-v1", "--configs", "seed-fp32,impala-int8", "--seeds", "1",
-        "--max-frames", "20000", "--max-seconds", "0", "--target-return", "none", "--eval-episodes", "1",
-        "--checkpoint-every-seconds", "0", "--out", str(out), timeout=300,
+        "--max-frames", "12000", "--max-seconds", "0", "--target-return", "none", "--eval-episodes", "3",
+        "--checkpoint-frames", "4000", "--actor-cores", "0", "--out", str(out),
     )
+    result = seedq(*args, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
@@ -398,31 +400,57 @@ def test_compare_writes_csv_and_plots(tmp_path):
     assert (seed_row["architecture"], impala_row["architecture"]) == ("seed", "impala")
     assert impala_row["actor_precision"] == "int8"
     for row in rows:
-        assert int(row["frames"]) > 0
+        assert int(row["frames"]) > 0 and not os.path.isabs(row["logdir"])
         assert float(row["bytes_sent_per_frame"]) > 0 and float(row["bytes_received_per_frame"]) > 0
-        assert float(row["energy_wh_estimate"]) > 0 and float(row["cpu_seconds_total"]) > 0
+        assert float(row["learner_cpu_us_per_frame"]) > 0 and float(row["frames_per_actor_cpu_second"]) > 0
+        assert float(row["energy_wh"]) > 0 and row["energy_source"] in ("rapl", "codecarbon", "cpu_seconds_model")
         assert float(row["env_us_per_frame"]) > 0 and float(row["inference_us_per_frame"]) > 0
+        # Kept checkpoints (every 4000 new frames, and the final one) evaluated, final set against best.
+        assert int(row["checkpoints_evaluated"]) >= 2 and int(row["eval_episodes"]) == 3
+        assert row["final_normalized"] and 0 < float(row["final_over_best"]) <= 1
+        assert row["actor_cores"] == "0"
+        for stats in (out / row["logdir"] / "actors").glob("*.json"):  # every actor ran on core 0
+            assert json.loads(stats.read_text())["cpu_cores"] == [0]
+    # SEED actors pull no parameters: empty, not 0; IMPALA int8 pulls are measured.
+    assert seed_row["param_pull_bytes_mean"] == "" and seed_row["param_pull_ms_mean"] == ""
+    assert float(impala_row["param_pull_bytes_mean"]) > 0 and float(impala_row["param_pull_ms_mean"]) > 0
     assert float(impala_row["pull_us_per_frame"]) > 0 and float(seed_row["pull_us_per_frame"]) == 0
-    for name in ("return_vs_frames", "return_vs_time", "frames_per_second", "time_split"):
+    for name in ("return_vs_frames", "return_vs_time", "frames_per_second", "time_split", "evaluations"):
         assert (out / f"{name}.png").stat().st_size > 1000
-    assert (out / "curves.csv").exists() and "| seed-fp32 |" in (out / "summary.md").read_text()
+    with open(out / "evaluations.csv") as f:  # one point per evaluated checkpoint
+        assert len(list(csv.DictReader(f))) == sum(int(r["checkpoints_evaluated"]) for r in rows)
+    summary = (out / "summary.md").read_text()
+    assert "| seed-fp32 |" in summary and "no pulls" in summary
     # The plots are regenerated from the CSVs alone.
     (out / "time_split.png").unlink()
     assert seedq("compare", "--plot-only", "--out", str(out)).returncode == 0
     assert (out / "time_split.png").exists()
 
+    # A rerun skips the finished runs; one stopped before its end continues from its checkpoint.
+    summary_path = out / "runs" / "impala-int8-seed0" / "summary.json"
+    stopped = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**stopped, "stop_reason": "terminated"}))
+    again = seedq(*args, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "seed-fp32 seed 0: finished before, skipped" in again.stdout
+    assert "impala-int8 seed 0: continuing an unfinished earlier attempt" in again.stdout
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["config"], r["segments"]) for r in rows] == [("seed-fp32", "1"), ("impala-int8", "2")]
+
 
 def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
-    import pathlib
-
-    repo = pathlib.Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "20000")
-    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(repo / "docs" / "impala_vs_seed"))
+    # One env, a tiny budget; the notebook's own small comparison stands in for the committed sittings.
+    monkeypatch.setenv("SEEDQ_COMPARE_ENV", "MinAtar/Breakout-v1")
+    monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "6000")
+    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(tmp_path / "compare-small"))
     outputs, text = run_notebook("impala_vs_seed.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4
-    assert "| impala-int8 |" in text and "| seed-fp32 |" in text
-    with open(tmp_path / "compare-small" / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4 + 3
+    assert text.count("**MinAtar/Breakout-v1**") == 2  # the small run's table and the sitting's
+    assert "| impala-int8 |" in text and "| seed-fp32 |" in text and "no pulls" in text
+    with open(tmp_path / "compare-small" / "MinAtar_Breakout-v1" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["final_normalized"] and r["energy_source"] for r in rows)
 
 
 def test_impala_actor_acts_with_the_learners_policy_on_box_actions():

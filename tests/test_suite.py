@@ -288,9 +288,9 @@ def test_run_jobs_runs_them_side_by_side_and_a_failure_stops_the_rest(tmp_path):
 def test_run_jobs_stops_a_job_past_its_time_limit_and_kills_it_if_it_hangs_on(tmp_path, monkeypatch):
     """A job past `timeout_seconds` gets SIGTERM and is named in the error; one
     that ignores SIGTERM is killed KILL_AFTER_SECONDS later."""
-    from seedq.bench import compare
+    from seedq.bench import compare, jobs
 
-    monkeypatch.setattr(compare, "KILL_AFTER_SECONDS", 0.5)
+    monkeypatch.setattr(jobs, "KILL_AFTER_SECONDS", 0.5)
     hangs = ("import signal, time, pathlib\n"
              "signal.signal(signal.SIGTERM, lambda *a: pathlib.Path(r'%s').write_text('term'))\n"
              "print('still here', flush=True)\n"

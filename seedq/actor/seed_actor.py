@@ -95,6 +95,8 @@ class ActorStats:
     pull_seconds: float = 0.0
     load_seconds: float = 0.0
     pulls: int = 0
+    pull_bytes: int = 0  # serialized parameter bytes received by the pulls
+    params_pulled: int = 0  # pulls that brought parameters (not "nothing newer")
     unroll_batches: int = 0
     # Serialized message bytes actually sent / received (seedq.wire.metered).
     bytes: ByteCounter = dataclasses.field(default_factory=ByteCounter)
@@ -121,7 +123,8 @@ class ActorStats:
             "env_seconds": self.env_seconds, "inference_seconds": self.inference_seconds,
             "communication_seconds": self.communication_seconds, "pull_seconds": self.pull_seconds,
             "load_seconds": self.load_seconds, "bytes_sent": self.bytes.sent,
-            "bytes_received": self.bytes.received,
+            "bytes_received": self.bytes.received, "pulls": self.pulls, "pull_bytes": self.pull_bytes,
+            "params_pulled": self.params_pulled,
         }
 
     def step_done(self) -> None:
@@ -150,11 +153,15 @@ class ActorStats:
             "pull_seconds": self.pull_seconds,
             "load_seconds": self.load_seconds,
             "pulls": self.pulls,
+            "pull_bytes": self.pull_bytes,
+            "params_pulled": self.params_pulled,
             "unroll_batches": self.unroll_batches,
             "bytes_sent": self.bytes.sent,
             "bytes_received": self.bytes.received,
             # CPU time of the whole actor process (all its threads), user + system.
             "cpu_seconds": sum(os.times()[:2]),
+            # The cores this process may run on (pinned with --cores; None where the OS does not say).
+            "cpu_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         }
 
 

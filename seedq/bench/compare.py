@@ -1,7 +1,8 @@
 """`seedq compare`: IMPALA vs SEED and int8 vs fp32 actors, one change at a time.
 
 Every configuration is one `seedq train` run in a fresh process, one after
-another on this machine (same cores, same actors and envs), with identical
+another on this machine (the same actor processes and envs per process,
+pinned to the same cores with --actor-cores), with identical
 hyperparameters; the configurations differ only in these fields:
 
   seed-fp32    architecture=seed    precision=fp32  (central inference)
@@ -9,34 +10,41 @@ hyperparameters; the configurations differ only in these fields:
   impala-fp32  architecture=impala  actor_precision=fp32  (local policy copies)
   impala-int8  architecture=impala  actor_precision=int8  (ActorQ: int8 pulls and inference)
 
-Outputs in --out: `results.csv` (one tidy row per configuration and seed),
-`curves.csv` (return over frames and seconds, from the runs' TensorBoard
-files), the runs themselves under `runs/` (each with its own output beside
-it, `runs/<config>-seed<seed>.log`), and PNG plots.
+Outputs in --out: `results.csv` (one tidy row per configuration and seed,
+seedq.bench.compare_rows), `curves.csv` (return over frames and seconds,
+from the runs' TensorBoard files), `summary.md` (a table per env), PNG
+plots, and the runs themselves under `runs/` (each with its own output
+beside it, `runs/<config>-seed<seed>.log`). Paths in the CSVs are relative.
 
-Energy and carbon are ESTIMATES, not measurements: the CPU seconds the run's
-processes used (learner + actors, from os.times() of the finished child
-processes) times an assumed power per busy core, times an assumed grid carbon
-intensity; both assumptions are flags and are written into every row.
+Each run keeps a checkpoint every `checkpoint_frames` env frames; after it
+the kept checkpoints are evaluated (seedq.bench.parity) and the row sets the
+final one's normalised score against the best's.
+
+Energy: RAPL counters where the kernel exposes them, else codecarbon's
+estimate, else CPU seconds x an assumed power per core (seedq.bench.energy);
+every row says which (`energy_source`). Carbon is the energy times an
+assumed grid intensity (a flag, written into every row).
+
+A rerun with the same flags skips the finished runs, continues unfinished
+ones from their last checkpoint and evaluates what is not evaluated yet
+(seedq.bench.jobs.resume_args, as `seedq bench suite` does).
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import glob
+import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-import typing
 
-import numpy as np
-
-from seedq import exit_codes, extras
+from seedq import extras
+from seedq.bench import compare_rows, parity
+from seedq.bench.energy import POWERCAP_ROOT, EnergyMeter
+# The job runner, under the names it had here (seedq.bench.suite and the tests use them).
+from seedq.bench.jobs import Job, Stopped, finished, resume_args, run_jobs, train_command  # noqa: F401
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
 
@@ -48,12 +56,14 @@ CONFIGS = {
     "impala-fp32": {"architecture": "impala", "precision": "fp32", "actor_precision": "fp32"},
     "impala-int8": {"architecture": "impala", "precision": "fp32", "actor_precision": "int8"},
 }
-# Energy model defaults (see docs/benchmarks.md): ~10 W per fully busy core
-# (a 65 W desktop CPU over 6-8 cores, or a server core with its share of
-# uncore power), and 475 gCO2e/kWh (IEA world-average grid intensity, 2019).
+# Energy model defaults (where neither RAPL nor codecarbon is there): ~10 W per
+# fully busy core (a 65 W desktop CPU over 6-8 cores, or a server core with its
+# share of uncore power); 475 gCO2e/kWh (IEA world-average grid intensity, 2019).
 WATTS_PER_CORE = 10.0
 GRAMS_CO2_PER_KWH = 475.0
-SPLIT = ("env", "inference", "communication", "pull", "load")
+CHECKPOINT_FRAMES = 1_000_000
+EVAL_EPISODES = 500
+MEASUREMENTS = "compare.json"  # in each run directory: the comparison's measurements per segment
 
 
 def parse_configs(text: str) -> list[str]:
@@ -65,72 +75,43 @@ def parse_configs(text: str) -> list[str]:
     return names
 
 
-def run_config(base: TrainConfig, name: str, seed: int, logdir: str) -> TrainConfig:
-    """`base` with the one field set that configuration `name` changes."""
-    return dataclasses.replace(base, seed=seed, logdir=logdir, **CONFIGS[name])
+def run_config(base: TrainConfig, name: str, seed: int, logdir: str,
+               checkpoint_frames: int = CHECKPOINT_FRAMES) -> TrainConfig:
+    """`base` with the fields set that configuration `name` changes, its seed and
+    directory, a checkpoint kept every `checkpoint_frames` frames, and no
+    evaluation of its own (the comparison evaluates every kept checkpoint)."""
+    config = dataclasses.replace(base, seed=seed, logdir=logdir, eval_episodes=0, **CONFIGS[name])
+    return dataclasses.replace(config, **parity.checkpoint_overrides(config, checkpoint_frames))
 
 
-def actor_totals(actor_stats: list[dict]) -> dict:
-    """Sums over actors of their steady-state counters (whole run where missing)."""
-    keys = ("frames", "seconds", "cpu_seconds", "bytes_sent", "bytes_received") + tuple(
-        f"{k}_seconds" for k in SPLIT
-    )
-    totals = dict.fromkeys(keys, 0.0)
-    for stats in actor_stats:
-        source = stats.get("steady") or stats
-        for k in keys:
-            totals[k] += float(source.get(k, 0.0))
-    totals["pulls"] = sum(int(s.get("pulls", 0)) for s in actor_stats)
-    return totals
+def plan(base: TrainConfig, configs: list[str], seeds: int, out: str,
+         checkpoint_frames: int = CHECKPOINT_FRAMES) -> list[tuple[str, TrainConfig]]:
+    """(config name, run config) of every run; seeds outermost, so a drifting
+    machine load affects every configuration alike."""
+    return [
+        (name, run_config(base, name, base.seed + i, os.path.join(out, "runs", f"{name}-seed{base.seed + i}"),
+                          checkpoint_frames))
+        for i in range(seeds) for name in configs
+    ]
 
 
-def tidy_row(name: str, config: TrainConfig, summary: dict, actors: list[dict], curves: list[dict],
-             cpu_seconds_total: float, *, watts_per_core: float, grams_co2_per_kwh: float,
-             load_avg: float) -> dict:
-    """One results.csv row: what the run reached, how fast, and where actor time went."""
-    t = actor_totals(actors)
-    frames = max(t["frames"], 1.0)
-    # Learner-side throughput between the first and last progress tick (no start-up).
-    steady_fps = None
-    if len(curves) >= 2 and curves[-1]["seconds"] > curves[0]["seconds"]:
-        steady_fps = (curves[-1]["frames"] - curves[0]["frames"]) / (curves[-1]["seconds"] - curves[0]["seconds"])
-    timed = sum(t[f"{k}_seconds"] for k in SPLIT)
-    energy_wh = cpu_seconds_total * watts_per_core / 3600.0
-    evaluation = summary.get("eval") or {}
-    row = {
-        "config": name,
-        "architecture": config.architecture,
-        "precision": config.precision,
-        "actor_precision": config.actor_precision,
-        "seed": config.seed,
-        "env": config.env,
-        "wall_seconds": summary["wall_seconds"],
-        "frames": summary["frames"],
-        "return": summary["mean_return_last100"],
-        "eval_return": evaluation.get("mean"),
-        "reached_target": summary["reached_target"],
-        "seconds_to_target": summary["seconds_to_target"],
-        "frames_to_target": summary["frames_to_target"],
-        "frames_per_second": summary["frames"] / summary["wall_seconds"] if summary["wall_seconds"] else None,
-        "steady_frames_per_second": steady_fps,
-        "actor_cpu_seconds": t["cpu_seconds"],
-        "frames_per_actor_cpu_second": t["frames"] / t["cpu_seconds"] if t["cpu_seconds"] else None,
-        "bytes_sent_per_frame": t["bytes_sent"] / frames,
-        "bytes_received_per_frame": t["bytes_received"] / frames,
-        "policy_lag_mean": summary.get("policy_lag_mean"),
-        "param_pulls": t["pulls"],
-        **{f"{k}_us_per_frame": 1e6 * t[f"{k}_seconds"] / frames for k in SPLIT},
-        # Actor wall time outside the five timed parts (bookkeeping, unroll assembly).
-        "other_us_per_frame": 1e6 * max(t["seconds"] - timed, 0.0) / frames,
-        "cpu_seconds_total": cpu_seconds_total,
-        "energy_wh_estimate": energy_wh,
-        "co2_g_estimate": energy_wh / 1000.0 * grams_co2_per_kwh,
-        "watts_per_core_assumed": watts_per_core,
-        "grams_co2_per_kwh_assumed": grams_co2_per_kwh,
-        "load_avg_1m_at_start": load_avg,
-        "logdir": config.logdir,
-    }
-    return row
+def read_measurements(logdir: str) -> list[dict]:
+    """The comparison's measurements of each segment of the run in `logdir`."""
+    return (read_json(os.path.join(logdir, MEASUREMENTS)) or {}).get("segments", [])
+
+
+def record_segment(logdir: str, segment: dict) -> None:
+    """Appends one segment's measurements to the run's compare.json."""
+    path = os.path.join(logdir, MEASUREMENTS)
+    segments = read_measurements(logdir) + [segment]
+    with open(path + ".tmp", "w") as f:
+        json.dump({"segments": segments}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def actor_stats(logdir: str) -> list[dict]:
+    """The statistics each local actor of the run's latest segment wrote at exit."""
+    return [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(logdir, "actors", "*.json")))) if s]
 
 
 def read_curve(logdir: str) -> list[dict]:
@@ -147,153 +128,6 @@ def read_curve(logdir: str) -> list[dict]:
         for step, value in scalars.get("episode/return_mean", [])
         if step in seconds
     ]
-
-
-class Stopped(Exception):
-    """SIGTERM or SIGINT (Ctrl-C) reached a benchmark while a run trained; the
-    run was passed the signal, checkpointed and exited. `signum`: the signal."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _first_stop_passed_on(pass_on):
-    """While inside, the first SIGTERM or SIGINT this process gets calls
-    `pass_on(signum)` (once; later ones are ignored, so a terminal's Ctrl-C
-    reaching the children too is not doubled). Yields the list the signal
-    number is appended to. Handlers can only be set in the main thread;
-    elsewhere the signals keep their handlers."""
-    received: list[int] = []
-
-    def handler(signum, frame):
-        if not received:
-            received.append(signum)
-            pass_on(signum)
-
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main_thread else {}
-    try:
-        yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-# A job past its time limit gets SIGTERM (it checkpoints and exits); one still
-# running this long after that is killed.
-KILL_AFTER_SECONDS = 60.0
-
-
-@dataclasses.dataclass
-class Job:
-    """One command for `run_jobs`: its output goes to `log_path`."""
-
-    cmd: list[str]
-    log_path: str
-    what: str  # names the job in errors
-    payload: object = None  # the caller's, handed back to on_start / on_finish
-    # A job still running after this many seconds is stopped with SIGTERM and
-    # counts as failed (a safety net for a run that hangs; None: no limit).
-    timeout_seconds: float | None = None
-
-
-def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_seconds: float = 0.2) -> None:
-    """Runs `jobs` as child processes, at most `max_running` at once, in order.
-
-    Each child runs in a process group of its own with its output in its
-    `log_path`. The first SIGTERM or SIGINT this process gets is passed on once
-    to every running child, no job starts after it, and Stopped is raised when
-    they have all exited. A job that fails (exit status not 0) stops the rest
-    the same way, with SIGTERM (a stopped training run saves a checkpoint, so a
-    rerun continues it), and RuntimeError names it with the end of its output;
-    so does a job past its `timeout_seconds`. `on_start(job)` and
-    `on_finish(job)` (exit 0, or after a stop the exit status of a stopped
-    `seedq train`: 143 for SIGTERM, 130 for SIGINT, with stop_reason
-    "terminated") are called in this thread.
-    (A process pool of the standard library would run Python callables, not
-    commands with their own process groups and this stop protocol.)
-    """
-    # child -> (its job, its open log file, when it started)
-    running: dict[subprocess.Popen, tuple[Job, typing.IO, float]] = {}
-    signalled: set[subprocess.Popen] = set()
-    failed: list[tuple[Job, str]] = []  # (job, why)
-    pending = list(jobs)
-
-    def stop_all(signum: int) -> None:
-        for proc in list(running):
-            if proc not in signalled and proc.poll() is None:
-                signalled.add(proc)
-                proc.send_signal(signum)
-
-    def start(job: Job) -> None:
-        on_start(job)
-        os.makedirs(os.path.dirname(job.log_path) or ".", exist_ok=True)
-        log_file = open(job.log_path, "w")
-        proc = subprocess.Popen(job.cmd, stdout=log_file, stderr=subprocess.STDOUT, process_group=0)
-        running[proc] = (job, log_file, time.monotonic())
-
-    def reap(proc: subprocess.Popen) -> None:
-        job, log_file, _ = running.pop(proc)
-        log_file.close()
-        stopped = (received or proc in signalled) and proc.returncode in (
-            exit_codes.TERMINATED, exit_codes.INTERRUPTED)
-        if proc.returncode == 0 or stopped:  # (a run we stopped checkpointed and exited 143)
-            on_finish(job)
-        elif not received and proc not in signalled:
-            failed.append((job, f"failed (exit {proc.returncode})"))
-            stop_all(signal.SIGTERM)
-
-    def stop_overdue(now: float) -> None:
-        for proc, (job, _, started) in list(running.items()):
-            late = now - started - (job.timeout_seconds or float("inf"))
-            if late > 0 and not any(j is job for j, _ in failed):
-                failed.append((job, f"ran past its limit of {job.timeout_seconds:.0f}s and was stopped"))
-                stop_all(signal.SIGTERM)
-            elif late > KILL_AFTER_SECONDS:  # hung too hard to stop cleanly
-                proc.kill()
-
-    def may_start() -> bool:
-        return bool(pending) and not received and not failed
-
-    with _first_stop_passed_on(stop_all) as received:  # `received` is read by reap and may_start
-        try:
-            while running or may_start():
-                while may_start() and len(running) < max_running:
-                    start(pending.pop(0))
-                    if received:  # the stop came while it started
-                        stop_all(received[0])
-                time.sleep(poll_seconds)
-                for proc in [p for p in running if p.poll() is not None]:
-                    reap(proc)
-                stop_overdue(time.monotonic())
-        except BaseException:
-            stop_all(signal.SIGTERM)  # no child is left training on its own
-            raise
-    if received:
-        name = signal.Signals(received[0]).name
-        raise Stopped(f"stopped by {name}, passed on to every running job, which exited", received[0])
-    if failed:
-        job, why = failed[0]
-        with open(job.log_path) as f:
-            tail = f.read()[-2000:].strip()
-        raise RuntimeError(f"{job.what} {why}: {tail}")
-
-
-def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
-    """The `seedq train` command line of `config` (only the flags that differ
-    from the env's defaults, then `extra_args`, e.g. --resume; else --overwrite). The run stops
-    (checkpointed, so resumable) when this process dies: in its own process
-    group, it would otherwise outlive a SIGKILLed suite and keep writing
-    into a directory that the suite's rerun resumes or clears."""
-    from seedq.flags import config_flags
-
-    config.validate()
-    # A fresh run replaces what an earlier invocation left in its directory (a rerun of the comparison).
-    fresh = () if "--resume" in extra_args else ("--overwrite",)
-    return [sys.executable, "-m", "seedq.cli", "train", *config_flags(config), *extra_args, *fresh, "--quiet",
-            "--parent-pid", str(os.getpid())]
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -327,173 +161,140 @@ def read_csv(path: str) -> list[dict]:
         return [{k: parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Per configuration: medians over seeds of the headline columns, and how many reached the target."""
-    out = []
-    for name in dict.fromkeys(r["config"] for r in rows):
-        group = [r for r in rows if r["config"] == name]
-
-        def median(key):
-            values = [r[key] for r in group if r[key] is not None]
-            return float(np.median(values)) if values else None
-
-        out.append({
-            "config": name,
-            "seeds": len(group),
-            "reached_target": sum(bool(r["reached_target"]) for r in group),
-            **{k: median(k) for k in (
-                "seconds_to_target", "frames_to_target", "return", "frames_per_second",
-                "steady_frames_per_second", "frames_per_actor_cpu_second", "bytes_sent_per_frame",
-                "bytes_received_per_frame", "policy_lag_mean", "energy_wh_estimate", "co2_g_estimate",
-            )},
-        })
-    return out
-
-
-def return_at(curves: list[dict], config: str, frames: float) -> float | None:
-    """Median over seeds of the mean return (last 100 episodes) at `frames`,
-    linearly interpolated between progress ticks; None where a run ended earlier."""
-    values = []
-    for seed in dict.fromkeys(c["seed"] for c in curves if c["config"] == config):
-        points = [(c["frames"], c["return"]) for c in curves if c["config"] == config and c["seed"] == seed]
-        xs, ys = zip(*points) if points else ((), ())
-        if xs and xs[0] <= frames <= xs[-1]:
-            values.append(float(np.interp(frames, xs, ys)))
-    return float(np.median(values)) if values else None
-
-
-def format_table(summary: list[dict]) -> str:
-    """Markdown table of `summarize` (medians over seeds)."""
-    def fmt(v, spec):
-        return "–" if v is None else format(v, spec)
-
-    lines = [
-        "| config | reached / seeds | s to target | frames to target | frames/s (steady) | frames per actor CPU-s | "
-        "bytes/frame sent / recv | policy lag | energy Wh (est.) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in summary:
-        lines.append(
-            f"| {s['config']} | {s['reached_target']}/{s['seeds']} | {fmt(s['seconds_to_target'], '.1f')} | "
-            f"{fmt(s['frames_to_target'], ',.0f')} | {fmt(s['steady_frames_per_second'], ',.0f')} | "
-            f"{fmt(s['frames_per_actor_cpu_second'], ',.0f')} | {fmt(s['bytes_sent_per_frame'], '.1f')} / "
-            f"{fmt(s['bytes_received_per_frame'], '.1f')} | {fmt(s['policy_lag_mean'], '.2f')} | "
-            f"{fmt(s['energy_wh_estimate'], '.3f')} |"
-        )
-    return "\n".join(lines)
-
-
-def plot(rows: list[dict], curves: list[dict], out: str) -> list[str]:
-    """Writes the four PNGs into `out`; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(r["config"] for r in rows))
-    colors = {n: f"C{i}" for i, n in enumerate(names)}
-    paths = []
-
-    for x, label, filename in (("frames", "env frames", "return_vs_frames.png"),
-                               ("seconds", "wall seconds", "return_vs_time.png")):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for name in names:
-            for i, seed in enumerate(dict.fromkeys(c["seed"] for c in curves if c["config"] == name)):
-                points = [c for c in curves if c["config"] == name and c["seed"] == seed]
-                ax.plot([p[x] for p in points], [p["return"] for p in points], color=colors[name],
-                        alpha=0.8, label=name if i == 0 else None)
-        ax.set_xlabel(label)
-        ax.set_ylabel("mean return (last 100 episodes)")
-        ax.legend(loc="lower right")
-        fig.tight_layout()
-        paths.append(os.path.join(out, filename))
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for i, name in enumerate(names):
-        values = [r["steady_frames_per_second"] or r["frames_per_second"] or 0.0 for r in rows if r["config"] == name]
-        ax.bar(i, np.median(values), color=colors[name])
-        ax.plot([i] * len(values), values, "k.", alpha=0.6)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("env frames/s (learner, steady state)")
-    fig.tight_layout()
-    paths.append(os.path.join(out, "frames_per_second.png"))
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7.5, 4))
-    bottom = np.zeros(len(names))
-    for j, part in enumerate(SPLIT + ("other",)):
-        values = np.array([
-            np.median([r[f"{part}_us_per_frame"] for r in rows if r["config"] == name]) for name in names
-        ])
-        ax.bar(range(len(names)), values, bottom=bottom, label=part, color=f"C{j}")
-        bottom += values
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("actor time per env frame (µs)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    fig.tight_layout()
-    paths.append(os.path.join(out, "time_split.png"))
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-    return paths
-
-
 def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
-        watts_per_core: float = WATTS_PER_CORE, grams_co2_per_kwh: float = GRAMS_CO2_PER_KWH,
-        timeout: float | None = None, log=print) -> dict:
+        grams_co2_per_kwh: float = GRAMS_CO2_PER_KWH, watts_per_core: float = WATTS_PER_CORE,
+        checkpoint_frames: int = CHECKPOINT_FRAMES, eval_episodes: int = EVAL_EPISODES,
+        random_episodes: int = 300, rapl_root: str = POWERCAP_ROOT, timeout: float | None = None,
+        log=print) -> dict:
     """Runs every configuration for `seeds` seeds (seed base.seed + i), one at a
     time, each in a fresh `seedq train` process (its output in
-    runs/<config>-seed<seed>.log), and writes CSVs and plots."""
+    runs/<config>-seed<seed>.log), then evaluates its kept checkpoints
+    (`eval_episodes` each; 0: none), and writes CSVs and plots. Finished runs
+    are skipped and unfinished ones continued (seedq.bench.jobs.resume_args)."""
     os.makedirs(out, exist_ok=True)
+    if base.actor_cores:
+        from seedq.affinity import why_not_pinnable
+
+        why_not = why_not_pinnable(base.actor_cores)
+        if why_not:  # the rows say the actors ran unpinned
+            log(why_not)
+            base = dataclasses.replace(base, actor_cores="")
     timeout = timeout or (base.max_seconds + 180 if base.max_seconds else None)
+    runs = plan(base, configs, seeds, out, checkpoint_frames)
+    random_for_env(base, out, random_episodes, log)
     jobs = []
-    # Seeds outermost: a drifting machine load affects every configuration alike.
-    for i in range(seeds):
-        for name in configs:
-            seed = base.seed + i
-            config = run_config(base, name, seed, os.path.join(out, "runs", f"{name}-seed{seed}"))
-            jobs.append(Job(train_command(config), config.logdir + ".log", f"{name} seed {seed}",
-                            payload=(name, config), timeout_seconds=timeout))
-    rows, curves = [], []
-    at_start: dict[str, tuple[float, os.times_result, float]] = {}
+    for n, (name, config) in enumerate(runs, 1):
+        what = f"[{n}/{len(runs)}] {name} seed {config.seed}"
+        extra_args = resume_args(config, what, log)
+        if extra_args is not None:
+            jobs.append(Job(train_command(config, extra_args), config.logdir + ".log", what,
+                            payload=config, timeout_seconds=timeout))
+        if eval_episodes and (extra_args is not None or not evaluated(config, eval_episodes)):
+            command = [sys.executable, "-m", "seedq.bench.parity", config.logdir,
+                       "--episodes", str(eval_episodes), "--seed", str(base.eval_seed)]
+            jobs.append(Job(command, config.logdir + ".eval.log", f"{what} evaluation", payload=None))
+    at_start: dict[str, tuple[float, os.times_result, EnergyMeter, float]] = {}
 
     def started(job: Job) -> None:
-        at_start[job.what] = (os.getloadavg()[0], os.times(), time.monotonic())
+        if job.payload is None:
+            log(f"{job.what}: {eval_episodes} episodes per kept checkpoint")
+            return
+        meter = EnergyMeter(watts_per_core=watts_per_core, rapl_root=rapl_root).start()
+        at_start[job.what] = (os.getloadavg()[0], os.times(), meter, time.monotonic())
 
     def ended(job: Job) -> None:
-        name, config = job.payload
-        load_avg, before, started_at = at_start.pop(job.what)
-        summary = read_json(os.path.join(config.logdir, "summary.json"))
-        if summary is None or summary.get("stop_reason") in ("terminated", "interrupted"):
-            return  # stopped with the benchmark: not a result
+        config = job.payload
+        if config is None:
+            report(out, runs, grams_co2_per_kwh)
+            return
+        load_avg, before, meter, started_at = at_start.pop(job.what)
         after = os.times()
-        # The finished children's CPU since the start: with one run at a time, this
+        # The finished children's CPU since the start: with one job at a time, this
         # run's learner and, through it, its actor processes (all waited for).
         cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-        actors = [s for s in (read_json(p) for p in sorted(glob.glob(os.path.join(config.logdir, "actors", "*.json")))) if s]
-        curve = read_curve(config.logdir)
-        row = tidy_row(name, config, summary, actors, curve, cpu, watts_per_core=watts_per_core,
-                       grams_co2_per_kwh=grams_co2_per_kwh, load_avg=load_avg)
-        log(f"{job.what}: {row['frames']:,} frames in {row['wall_seconds']:.1f}s, return "
-            f"{row['return'] if row['return'] is None else round(row['return'], 1)}, "
-            f"target {'at %.1fs' % row['seconds_to_target'] if row['reached_target'] else 'not reached'} "
-            f"(command {time.monotonic() - started_at:.1f}s, load {load_avg:.1f})")
-        rows.append(row)
-        curves.extend({"config": name, "seed": config.seed, **p} for p in curve)
-        write_csv(os.path.join(out, "results.csv"), rows)  # partial results survive a crash
-        write_csv(os.path.join(out, "curves.csv"), curves)
+        energy = meter.stop(cpu)
+        record_segment(config.logdir, {
+            "cpu_seconds_total": cpu, "energy_joules": energy.joules, "energy_cpu_joules": energy.cpu_joules,
+            "energy_source": energy.source, "energy_detail": energy.detail, "load_avg_1m": load_avg,
+            "command_seconds": time.monotonic() - started_at, "actors": actor_stats(config.logdir),
+        })
+        summary = read_json(os.path.join(config.logdir, "summary.json")) or {}
+        log(f"{job.what}: {summary.get('frames', 0):,} frames in {summary.get('wall_seconds', 0):.1f}s, "
+            f"stop: {summary.get('stop_reason')}, energy {energy.joules / 3600:.3f} Wh ({energy.source}), "
+            f"load {load_avg:.1f}")
+        report(out, runs, grams_co2_per_kwh)  # partial results survive a crash
 
     run_jobs(jobs, 1, on_start=started, on_finish=ended)
-    return report(out)
+    return report(out, runs, grams_co2_per_kwh)
 
 
-def report(out: str) -> dict:
-    """Reads results.csv / curves.csv in `out`, (re)draws the plots, returns the summary."""
+def random_for_env(base: TrainConfig, out: str, episodes: int, log) -> None:
+    """Measures the random policy on base.env into OUT/random.json where its
+    scale has no published figure (once; later calls read it)."""
+    scale = parity.scale_for(base.env)
+    if scale is not None and scale.random is None:
+        parity.random_returns([base.env], out, episodes, lambda _: base.env_options, log)
+
+
+def env_scale(env_id: str, out: str) -> tuple[float | None, float | None]:
+    """(random, reference) of the normalised scores of `env_id` (None where unknown)."""
+    scale = parity.scale_for(env_id)
+    if scale is None:
+        return None, None
+    if scale.random is not None:
+        return scale.random, scale.reference
+    measured = (read_json(os.path.join(out, "random.json")) or {}).get(env_id) or {}
+    return measured.get("mean"), scale.reference
+
+
+def evaluated(config: TrainConfig, episodes: int) -> bool:
+    """Whether every kept checkpoint of a finished run is evaluated with `episodes` episodes."""
+    from seedq import checkpoint
+
+    done = parity.read_evaluations(config.logdir)
+    return all(os.path.basename(d) in done and done[os.path.basename(d)]["episodes"] >= episodes
+               for d in checkpoint.step_dirs(config.logdir))
+
+
+def rows_of(runs: list[tuple[str, TrainConfig]], out: str, grams_co2_per_kwh: float) -> tuple[list, list, list]:
+    """results.csv rows, curves.csv points and evaluations.csv points (one per
+    evaluated checkpoint) of the finished runs in `runs`."""
+    rows, curves, evaluations = [], [], []
+    for name, config in runs:
+        if not finished(config):
+            continue
+        random, reference = env_scale(config.env, out)
+        curve = read_curve(config.logdir)
+        evaluated_checkpoints = parity.read_evaluations(config.logdir)
+        rows.append(compare_rows.tidy_row(
+            name, config, read_json(os.path.join(config.logdir, "summary.json")),
+            read_measurements(config.logdir), curve, evaluated_checkpoints,
+            random=random, reference=reference, grams_co2_per_kwh=grams_co2_per_kwh,
+        ))
+        curves.extend({"config": name, "seed": config.seed, **p} for p in curve)
+        evaluations.extend({"config": name, "seed": config.seed, **p}
+                           for p in parity.evaluation_points(evaluated_checkpoints, random, reference))
+    return rows, curves, evaluations
+
+
+def report(out: str, runs: list[tuple[str, TrainConfig]] | None = None,
+           grams_co2_per_kwh: float = GRAMS_CO2_PER_KWH) -> dict:
+    """With `runs`: rewrites results.csv and curves.csv from the finished ones.
+    Then reads them back from `out`, (re)draws the plots and summary.md, and
+    returns the summary, the table and the plot paths."""
+    if runs is not None:
+        for name, rows in zip(("results.csv", "curves.csv", "evaluations.csv"), rows_of(runs, out, grams_co2_per_kwh)):
+            write_csv(os.path.join(out, name), rows)
+    if not os.path.exists(os.path.join(out, "results.csv")):
+        return {"summary": [], "plots": [], "table": "(no finished run yet)"}
+
+    def read_if_there(name: str) -> list[dict]:
+        return read_csv(os.path.join(out, name)) if os.path.exists(os.path.join(out, name)) else []
+
     rows = read_csv(os.path.join(out, "results.csv"))
-    curves = read_csv(os.path.join(out, "curves.csv"))
-    summary = summarize(rows)
+    summary = compare_rows.summarize(rows)
+    table = compare_rows.format_table(summary)
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(format_table(summary) + "\n")
-    return {"summary": summary, "plots": plot(rows, curves, out), "table": format_table(summary)}
+        f.write(table + "\n")
+    plots = compare_rows.plot(rows, read_if_there("curves.csv"), out, read_if_there("evaluations.csv"))
+    return {"summary": summary, "plots": plots, "table": table}

@@ -28,21 +28,20 @@ from its last checkpoint when it ran with the same config (`seedq train
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
 import time
 from typing import Callable
 
 import numpy as np
 
-from seedq import config as config_lib
 from seedq.bench import compare
+from seedq.bench import jobs as jobs_lib
+# The resume mechanism, under the names the suite has always had.
+from seedq.bench.jobs import changed_settings, finished, resumable, why_not_resumable  # noqa: F401
+from seedq.bench.parity import random_returns
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json
-from seedq.config import TrainConfig, to_dict
-
-RANDOM_SEED = 10_000  # env seeds of the random-policy episodes (apart from eval_seed's)
+from seedq.config import TrainConfig
 
 
 def safe_name(env_id: str) -> str:
@@ -66,73 +65,6 @@ def run_config(base: TrainConfig, env_id: str, seed: int, frames: int, out: str)
         base, env=env_id, seed=seed, max_frames=frames, target_return=None, max_seconds=0.0,
         logdir=os.path.join(out, "runs", f"{safe_name(env_id)}-seed{seed}"),
     )
-
-
-def finished(config: TrainConfig) -> bool:
-    summary = read_json(os.path.join(config.logdir, "summary.json"))
-    return bool(summary) and summary.get("stop_reason") == "max_frames" and summary["frames"] >= config.max_frames
-
-
-def resumable(config: TrainConfig) -> bool:
-    return why_not_resumable(config) is None
-
-
-def why_not_resumable(config: TrainConfig) -> str | None:
-    """None when an unfinished earlier attempt at `config` (a stopped or killed
-    suite) left a checkpoint to continue from and ran with this very config;
-    else why not, as a phrase ("ran with other settings: ..."). One started
-    with other flags, or by a seedq whose config has other fields, is started again."""
-    from seedq import checkpoint
-
-    saved = read_json(os.path.join(config.logdir, "config.json"))
-    if saved is None:
-        return "left no config.json"
-    try:
-        saved = config_lib.migrated(saved)  # as this code reads it (seedq.config.layout)
-    except ValueError as e:
-        return f"left a config.json this seedq cannot read ({e})"
-    changed = changed_settings(saved, json.loads(json.dumps(to_dict(config))))  # JSON has no tuples
-    if changed:
-        shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
-        return f"ran with other settings ({shown})"
-    return None if checkpoint.has_checkpoint(config.logdir) else "left no checkpoint"
-
-
-def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
-    """'key: saved -> current' for every dotted key whose value differs (or is in one only)."""
-    changes = []
-    for key in sorted(set(saved) | set(current)):
-        name = f"{prefix}{key}"
-        old, new = saved.get(key, "(absent)"), current.get(key, "(absent)")
-        if isinstance(old, dict) and isinstance(new, dict):
-            changes += changed_settings(old, new, f"{name}.")
-        elif old != new:
-            changes.append(f"{name}: {old} -> {new}")
-    return changes
-
-
-def random_return(env_id: str, episodes: int, options) -> float:
-    """Mean return of uniformly random actions over `episodes` episodes."""
-    from seedq.envs import env_spec
-    from seedq.evaluation import RandomPolicy, evaluate
-
-    return evaluate(RandomPolicy(env_spec(env_id, options)), env_id, episodes, RANDOM_SEED, options).mean
-
-
-def random_returns(envs: list[str], out: str, episodes: int, options_for, log) -> dict[str, float]:
-    """{env: random-policy mean return}, measured once per env and kept in OUT/random.json."""
-    path = os.path.join(out, "random.json")
-    known = read_json(path) or {}
-    for env_id in envs:
-        if env_id not in known:
-            started = time.monotonic()
-            known[env_id] = {"mean": random_return(env_id, episodes, options_for(env_id)), "episodes": episodes}
-            log(f"random policy on {env_id}: mean return {known[env_id]['mean']:.2f} over {episodes} "
-                f"episodes ({time.monotonic() - started:.1f}s)")
-            with open(path, "w") as f:
-                json.dump(known, f, indent=2, sort_keys=True)
-                f.write("\n")
-    return {env_id: known[env_id]["mean"] for env_id in envs}
 
 
 def first_reaching(curve: list[dict], threshold: float, window: int) -> dict | None:
@@ -187,20 +119,11 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
     resumed: set[str] = set()
     for n, config in enumerate(plan, 1):
         what = f"[{n}/{len(plan)}] {config.env} seed {config.seed}"
-        if finished(config):
-            log(f"{what}: finished before, skipped")
+        extra_args = jobs_lib.resume_args(config, what, log)
+        if extra_args is None:
             continue
-        extra_args = ()
-        why_not = why_not_resumable(config)
-        if why_not is None:
-            extra_args = ("--resume", config.logdir)
-            stats = read_json(os.path.join(config.logdir, "stats.json")) or {}
-            so_far = f" (about {stats['frames']:,} frames in)" if isinstance(stats.get("frames"), int) else ""
-            log(f"{what}: continuing an unfinished earlier attempt from its checkpoint{so_far}")
+        if extra_args:
             resumed.add(what)
-        elif os.path.exists(config.logdir):
-            log(f"{what}: an earlier attempt {why_not}; starting afresh")
-            shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
         # The run's own output (seedq train --quiet: warnings, errors, its last lines) beside its directory.
         todo.append(compare.Job(compare.train_command(config, extra_args), config.logdir + ".log", what,
                                 payload=config))

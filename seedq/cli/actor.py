@@ -44,6 +44,11 @@ def add_actor_flags(actor: argparse.ArgumentParser) -> None:
         "--parent-pid", type=int, default=0,
         help="exit when this process (the local learner that started us) dies; Linux only",
     )
+    actor.add_argument(
+        "--cores", default="",
+        help='pin this process to these CPU cores ("0", "0-1", "0,2"; Linux), e.g. to give every '
+        "configuration of a comparison the same actor cores",
+    )
     actor.add_argument("--verbose", action="store_true", help="log each retry and connection (INFO logging)")
     actor.add_argument("--print-config", action="store_true",
                        help="print the resolved arguments as JSON and exit (starts nothing)")
@@ -97,6 +102,17 @@ def print_actor_config(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_actor_config(args)
+    if args.cores:  # first, so that every thread started later inherits it
+        from seedq.affinity import parse_cores, pin_process
+
+        try:
+            parse_cores(args.cores, "--cores")
+        except ValueError as e:
+            print(f"seedq {args.command}: {e}", file=sys.stderr)
+            return 2
+        why_not = pin_process(args.cores)
+        if why_not:
+            print(f"seedq {args.command}: {why_not}", file=sys.stderr, flush=True)
     from seedq import grpc_setup
 
     grpc_setup.quiet_core_logs()  # before the actor modules import grpc

@@ -16,8 +16,13 @@ def add_parsers(sub) -> None:
         "hyperparameters, writes results.csv, curves.csv and PNG plots",
         description="Runs `seedq train` once per configuration and seed, one after another on this "
         "machine, changing only the architecture / precision; every config flag applies to all "
-        "runs. Writes OUT/results.csv (one row per run; energy and CO2 columns are estimates from "
-        "CPU seconds), OUT/curves.csv, OUT/summary.md and PNG plots.",
+        "runs (--actor-cores pins every run's actors to the same cores). Each run keeps a checkpoint "
+        "every --checkpoint-frames frames; each kept checkpoint is then evaluated over --eval-episodes "
+        "greedy episodes and the final one's normalised score set against the best's. Writes "
+        "OUT/results.csv (one row per run; energy from RAPL counters where readable, else "
+        "codecarbon's estimate, else a CPU-seconds model: the energy_source column says which), "
+        "OUT/curves.csv, OUT/summary.md and PNG plots. A rerun with the same flags skips finished "
+        "runs and continues unfinished ones from their last checkpoint.",
         formatter_class=HelpFormatter,
     )
     add_config_flags(compare)
@@ -26,7 +31,13 @@ def add_parsers(sub) -> None:
     compare.add_argument("--seeds", type=int, default=3, help="runs per configuration (seeds SEED, SEED+1, ...)")
     compare.add_argument("--out", required=True, help="output directory")
     compare.add_argument("--watts-per-core", type=float, default=10.0,
-                         help="energy estimate: assumed power of one fully busy core")
+                         help="energy model where neither RAPL counters nor codecarbon are available: "
+                         "assumed power of one fully busy core")
+    compare.add_argument("--checkpoint-frames", type=int, default=1_000_000,
+                         help="keep a checkpoint every this many env frames (all are evaluated after the run)")
+    compare.add_argument("--random-episodes", type=int, default=300,
+                         help="episodes of the random policy measured for normalised scores, on envs "
+                         "without a published random-policy return")
     compare.add_argument("--grams-co2-per-kwh", type=float, default=475.0,
                          help="carbon estimate: assumed grid intensity")
     compare.add_argument("--plot-only", action="store_true",
@@ -40,14 +51,19 @@ def run(args: argparse.Namespace) -> int:
         if args.plot_only:
             result = compare.report(args.out)
         else:
-            if args.seeds <= 0:
-                raise ValueError(f"--seeds {args.seeds}: must be > 0")
+            for flag, value in (("--seeds", args.seeds), ("--checkpoint-frames", args.checkpoint_frames),
+                                ("--random-episodes", args.random_episodes)):
+                if value <= 0:
+                    raise ValueError(f"{flag} {value}: must be > 0")
+            # --eval-episodes: episodes per kept checkpoint here (the runs evaluate nothing themselves).
+            eval_episodes = compare.EVAL_EPISODES if args.eval_episodes is None else args.eval_episodes
             base = config_from_args(args, base=default_config(args.env))
             base.validate()
             result = compare.run(
                 base, compare.parse_configs(args.configs), args.seeds, args.out,
                 watts_per_core=args.watts_per_core, grams_co2_per_kwh=args.grams_co2_per_kwh,
-                log=lambda line: print(line, flush=True),
+                checkpoint_frames=args.checkpoint_frames, eval_episodes=eval_episodes,
+                random_episodes=args.random_episodes, log=lambda line: print(line, flush=True),
             )
     except compare.Stopped as e:
         print(f"seedq compare: {e}; the runs finished before it are in {args.out}/results.csv", file=sys.stderr)

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Optional, Sequence
 
+from seedq.affinity import parse_cores
 from seedq.config.checks import NETWORK_CHOICES, check_choice, check_non_negative, check_positive
 from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
@@ -53,6 +54,9 @@ class TrainConfig:
     seed: int = 0  # seeds the parameters, the envs and the actors' sampling (docs/training.md: what it fixes)
     num_actors: int = 2  # actor processes (one CPU core each is the rule of thumb)
     envs_per_actor: int = 32  # envs each actor steps as one vector env
+    # Local actor processes are pinned to these CPU cores ("0", "0-1", "0,2";
+    # Linux); empty: not pinned. Comparisons give every configuration the same cores.
+    actor_cores: str = ""
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
@@ -129,6 +133,8 @@ class TrainConfig:
                 "IMPALA actors send on-policy unrolls for V-trace"
             )
         self.vtrace.validate()
+        if self.actor_cores:
+            parse_cores(self.actor_cores)
         if self.quant.force_int8 and self.precision != "int8":
             raise ValueError(
                 f"quant.force_int8 applies to precision='int8' (got precision={self.precision!r})"

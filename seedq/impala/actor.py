@@ -179,8 +179,10 @@ async def pull_params(stub, actor_id: str, have_version: int, stats: ActorStats,
     version, precision, data = impala_codec.join_chunks(chunks)
     stats.pull_seconds += pulled - started
     stats.pulls += 1
+    stats.pull_bytes += sum(chunk.ByteSize() for chunk in chunks)
     if data is None:
         return None
+    stats.params_pulled += 1
     params = impala_codec.deserialize_params(data)
     check_params(params, expected)
     params = jax.block_until_ready(jax.device_put(params))

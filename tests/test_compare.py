@@ -1,0 +1,162 @@
+"""`seedq compare`'s parts: energy sources, actor pinning, kept checkpoints and
+normalised scores, resuming. (The end-to-end comparison: tests/test_impala.py.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seedq.affinity import parse_cores, why_not_pinnable
+from seedq.bench import energy, parity
+from seedq.bench.jobs import finished
+from seedq.config import TrainConfig
+
+
+def write_rapl(root, domain: str, energy_uj: int, max_uj: int = 262_143_328_850) -> None:
+    folder = root / domain
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "energy_uj").write_text(f"{energy_uj}\n")
+    (folder / "max_energy_range_uj").write_text(f"{max_uj}\n")
+
+
+@pytest.mark.unit
+def test_rapl_reads_package_domains_only_and_sums_their_joules(tmp_path):
+    write_rapl(tmp_path, "intel-rapl:0", 1_000_000)
+    write_rapl(tmp_path, "intel-rapl:1", 5_000_000)
+    write_rapl(tmp_path, "intel-rapl:0:0", 700_000)  # the core domain, part of package 0
+    before = energy.read_rapl(str(tmp_path))
+    assert set(before) == {"intel-rapl:0", "intel-rapl:1"}
+    write_rapl(tmp_path, "intel-rapl:0", 3_500_000)
+    write_rapl(tmp_path, "intel-rapl:1", 6_000_000)
+    write_rapl(tmp_path, "intel-rapl:0:0", 2_000_000)
+    assert energy.rapl_joules(before, energy.read_rapl(str(tmp_path))) == pytest.approx(2.5 + 1.0)
+
+
+@pytest.mark.unit
+def test_a_rapl_counter_that_wrapped_counts_past_its_range(tmp_path):
+    write_rapl(tmp_path, "intel-rapl:0", 9_000_000, max_uj=10_000_000)
+    before = energy.read_rapl(str(tmp_path))
+    write_rapl(tmp_path, "intel-rapl:0", 500_000, max_uj=10_000_000)
+    # 1 J up to the wrap, 0.5 J after it.
+    assert energy.rapl_joules(before, energy.read_rapl(str(tmp_path))) == pytest.approx(1.5)
+
+
+@pytest.mark.unit
+def test_no_or_unreadable_rapl_counters_read_as_none(tmp_path):
+    assert energy.read_rapl(str(tmp_path)) is None
+    (tmp_path / "intel-rapl:0" / "energy_uj").mkdir(parents=True)  # open() fails, like a root-only file
+    (tmp_path / "intel-rapl:0" / "max_energy_range_uj").write_text("100\n")
+    assert energy.read_rapl(str(tmp_path)) is None
+
+
+@pytest.mark.unit
+def test_the_meter_uses_rapl_where_readable_else_the_cpu_seconds_model(tmp_path):
+    write_rapl(tmp_path, "intel-rapl:0", 0)
+    meter = energy.EnergyMeter(watts_per_core=10.0, rapl_root=str(tmp_path), use_codecarbon=False).start()
+    write_rapl(tmp_path, "intel-rapl:0", 7_200_000)
+    reading = meter.stop(cpu_seconds=100.0)
+    assert (reading.source, reading.joules) == ("rapl", pytest.approx(7.2))
+
+    meter = energy.EnergyMeter(watts_per_core=10.0, rapl_root=str(tmp_path / "none"), use_codecarbon=False).start()
+    reading = meter.stop(cpu_seconds=3.0)
+    assert (reading.source, reading.joules) == ("cpu_seconds_model", pytest.approx(30.0))
+
+
+@pytest.mark.e2e
+def test_without_rapl_codecarbon_estimates_this_process_and_its_children(tmp_path):
+    pytest.importorskip("codecarbon")
+    meter = energy.EnergyMeter(watts_per_core=10.0, rapl_root=str(tmp_path)).start()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    reading = meter.stop(cpu_seconds=1.0)
+    assert reading.source == "codecarbon" and reading.joules > 0 and "codecarbon" in reading.detail
+
+
+@pytest.mark.unit
+def test_actor_cores_parse_and_bad_ones_are_named():
+    assert parse_cores("0,2-3") == {0, 2, 3}
+    with pytest.raises(ValueError, match="'x' is not a core id"):
+        parse_cores("0,x")
+    with pytest.raises(ValueError, match="actor_cores"):
+        TrainConfig(actor_cores="3-1").validate()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+@pytest.mark.e2e
+def test_a_pinned_actor_process_and_its_later_threads_run_on_the_given_core():
+    code = (
+        "import os, threading\n"
+        "from seedq.affinity import pin_process\n"
+        "assert pin_process('0') is None\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join()\n"
+        "print(sorted(os.sched_getaffinity(0)), seen[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[0]", "[0]"]
+    assert "not available" in why_not_pinnable(str(max(os.sched_getaffinity(0)) + 1))
+
+
+@pytest.mark.unit
+def test_local_actors_are_started_with_the_cores_of_the_config():
+    from seedq.local import actor_command
+
+    assert actor_command("unix:/x.sock", TrainConfig(actor_cores="0-1"), 0)[-2:] == ["--cores", "0-1"]
+    assert "--cores" not in actor_command("unix:/x.sock", TrainConfig(), 0)
+
+
+@pytest.mark.unit
+def test_checkpoints_are_kept_every_so_many_new_frames_and_never_pruned():
+    config = TrainConfig(max_frames=5_000_000)
+    overrides = parity.checkpoint_overrides(config, 1_000_000)
+    v = config.vtrace
+    assert overrides["checkpoint_every_steps"] == round(1_000_000 / (v.batch_size * v.unroll_length / v.reuse))
+    assert overrides["checkpoint_every_seconds"] == 0  # a time trigger would shift the step interval
+    assert overrides["checkpoints_to_keep"] > 5
+
+
+@pytest.mark.unit
+def test_final_and_best_checkpoints_are_normalised_by_random_and_reference():
+    evaluations = {
+        "step_000000100": {"frames": 1_000_000, "episodes": 500, "mean": -15.0},
+        "step_000000200": {"frames": 2_000_000, "episodes": 500, "mean": 11.0},
+        "step_000000300": {"frames": 3_000_000, "episodes": 500, "mean": 5.0},
+    }
+    pong = parity.scale_for("ALE/Pong-v5")
+    cols = parity.parity_columns(evaluations, pong.random, pong.reference)
+    span = pong.reference - pong.random
+    assert cols["final_eval_return"] == 5.0 and cols["best_eval_frames"] == 2_000_000
+    assert cols["final_normalized"] == pytest.approx((5.0 - pong.random) / span)
+    assert cols["best_normalized"] == pytest.approx((11.0 - pong.random) / span)
+    assert cols["final_over_best"] == pytest.approx((5.0 - pong.random) / (11.0 - pong.random))
+    assert parity.parity_columns({}, pong.random, pong.reference)["final_over_best"] is None
+    # An env without a published random return is measured; one unknown has no scale.
+    assert parity.scale_for("MinAtar/Breakout-v1").random is None
+    assert parity.scale_for("NoSuchEnv-v0") is None
+
+
+@pytest.mark.unit
+def test_a_run_that_stopped_at_its_time_budget_is_finished(tmp_path):
+    def with_summary(config, **summary):
+        (tmp_path / "summary.json").write_text(json.dumps({"frames": 10, **summary}))
+        return finished(config)
+
+    timed = TrainConfig(logdir=str(tmp_path), max_seconds=60.0, max_frames=0)
+    assert with_summary(timed, stop_reason="max_seconds")
+    assert not with_summary(timed, stop_reason="terminated")
+    assert not with_summary(TrainConfig(logdir=str(tmp_path), max_frames=20), stop_reason="max_frames")
+
+
+@pytest.mark.unit
+def test_an_evaluation_cut_at_max_steps_counts_each_episodes_return_so_far():
+    from seedq.envs import env_spec
+    from seedq.evaluation import RandomPolicy, evaluate
+
+    policy = RandomPolicy(env_spec("CartPole-v1"))
+    full = evaluate(policy, "CartPole-v1", 4, seed=3)
+    cut = evaluate(policy, "CartPole-v1", 4, seed=3, max_steps=5)
+    assert full.truncated == 0 and min(full.lengths) > 5  # random CartPole episodes outlast 5 steps
+    # CartPole pays 1 per step: each episode cut at 5 steps has returned 5 so far.
+    assert (cut.truncated, cut.returns, cut.lengths) == (4, [5.0] * 4, [5] * 4)
