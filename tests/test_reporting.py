@@ -92,17 +92,18 @@ def test_checkpoint_due_every_seconds_counted_from_the_last_one():
     assert not controller(checkpoint_every_seconds=0).checkpoint_due(learner_stats(time=1e9))
 
 
-def test_checkpoint_due_every_steps_counted_from_the_last_one():
+def test_step_checkpoints_fall_on_multiples_of_the_interval_whatever_came_between():
     c = controller(checkpoint_every_steps=100)
     assert not c.checkpoint_due(learner_stats(train_steps=99))
     assert c.checkpoint_due(learner_stats(train_steps=100))
-    c.checkpoint_taken(train_step=150, now=100.0)
-    assert not c.checkpoint_due(learner_stats(train_steps=249))
-    assert c.checkpoint_due(learner_stats(train_steps=250))
-    # A resumed run counts from its checkpoint's step.
+    c.checkpoint_taken(train_step=150, now=100.0)  # e.g. the time trigger's, between two multiples
+    assert not c.checkpoint_due(learner_stats(train_steps=199))
+    assert c.checkpoint_due(learner_stats(train_steps=200))
+    # A run resumed from a checkpoint between two multiples keeps the spacing.
     cfg = TrainConfig(checkpoint_every_steps=100, checkpoint_every_seconds=0)
-    resumed = RunController(cfg, RunClock(0.0), 0.0, last_checkpoint_step=1000)
+    resumed = RunController(cfg, RunClock(0.0), 0.0, last_checkpoint_step=1050)
     assert not resumed.checkpoint_due(learner_stats(train_steps=1099))
+    assert resumed.checkpoint_due(learner_stats(train_steps=1100))
 
 
 def test_eval_due_every_seconds_only_with_eval_episodes():

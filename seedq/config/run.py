@@ -85,7 +85,8 @@ class TrainConfig:
     min_actors: int = 0
     # Checkpoint (<logdir>/checkpoints) every this many seconds; 0: only at shutdown.
     checkpoint_every_seconds: float = 30.0
-    # Also checkpoint every this many train steps; 0: no step trigger.
+    # Also checkpoint at every multiple of this many train steps (a resumed
+    # run keeps the spacing); 0: no step trigger.
     checkpoint_every_steps: int = 0
     # Only the newest checkpoints are kept.
     checkpoints_to_keep: int = 3

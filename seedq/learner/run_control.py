@@ -103,8 +103,10 @@ class RunController:
     def checkpoint_due(self, stats: LearnerStats) -> bool:
         if stats.time >= self._next_checkpoint_time:
             return True
+        # Step checkpoints fall on multiples of the interval, so a run resumed
+        # from a checkpoint taken between them (SIGTERM, the time trigger) keeps the spacing.
         every = self.config.checkpoint_every_steps
-        return bool(every and stats.train_steps - (self._last_checkpoint_step or 0) >= every)
+        return bool(every and stats.train_steps // every > (self._last_checkpoint_step or 0) // every)
 
     def checkpoint_taken(self, train_step: int, now: float) -> None:
         """Restarts both checkpoint intervals (`now`: a time.monotonic())."""
