@@ -186,5 +186,10 @@ CONTINUOUS_VTRACE = VTraceConfig(
 # clipped +-1 unscaled, as IMPALA's: under Adam, scaling the rewards by 0.1 is
 # the same as a 10x entropy bonus, and Pong's policy stayed uniform (entropy
 # ln 6) through 1.1M agent steps with it (docs/benchmarks.md, "Pong: the
-# reward scale and the entropy bonus").
-PIXEL_VTRACE = VTraceConfig(reuse=1, lookahead=0, reward_scale=1.0)
+# reward scale and the entropy bonus"). Adam at the small envs' rate 1e-3 and
+# epsilon 1e-8 killed the Nature CNN's first convolution (30 of its 32
+# channels never active on Pong's frames after 0.6-0.9M agent steps, the
+# policy and value then nearly constant across states): Adam scales the
+# first layer's small gradients up to full-size steps. The rate and epsilon
+# here are CleanRL's for Atari (2.5e-4, 1e-5).
+PIXEL_VTRACE = VTraceConfig(reuse=1, lookahead=0, reward_scale=1.0, learning_rate=2.5e-4, adam_eps=1e-5)
