@@ -31,7 +31,7 @@ def test_pong_gets_the_pixel_defaults_and_minatar_the_small_env_ones():
     pong, minatar = env_defaults("ALE/Pong-v5"), env_defaults("MinAtar/Breakout-v1")
     assert pong.vtrace == PIXEL_VTRACE and minatar.vtrace == VTraceConfig()
     assert PIXEL_VTRACE.reuse == 1 and PIXEL_VTRACE.lookahead == 0
-    assert (PIXEL_VTRACE.learning_rate, PIXEL_VTRACE.adam_eps) < (VTraceConfig().learning_rate, 1e-4)
+    assert PIXEL_VTRACE.learning_rate < VTraceConfig().learning_rate and PIXEL_VTRACE.adam_eps > VTraceConfig().adam_eps
     assert (pong.server.queue_full, minatar.server.queue_full) == ("pace", "wait")
 
 

@@ -197,6 +197,29 @@ def test_learning_health_metrics_measure_the_batch():
 
 
 @pytest.mark.unit
+def test_dead_channels_count_the_relu_channels_no_frame_of_the_batch_activates():
+    from seedq.agents import health
+
+    maps = np.zeros((2, 3, 3, 4), np.float32)
+    maps[1, 2, 0, 1], maps[0, 0, 0, 3] = 0.5, 2.0  # channels 0 and 2 never active
+    assert float(health.dead_channels(jnp.asarray(maps))) == 0.5
+    agent = VTraceAgent(FRAMES, VTraceConfig(reuse=1, lookahead=0))
+    state = agent.init(jax.random.PRNGKey(0))
+    batch = _record(agent, state.params, steps=11, n=4)
+    _, metrics = jax.jit(agent.loss)(state.params, batch)
+    assert sorted(k for k in metrics if k.startswith("torso/dead_channels/")) == [
+        f"torso/dead_channels/{i}" for i in range(3)]  # the Nature CNN's three convolutions
+    assert float(metrics["torso/dead_channels/0"]) < 0.5
+    # First-layer biases below anything a frame can reach: every channel of it is dead.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x - 1e3 if "Conv_0" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path)
+        else x, state.params,
+    )
+    _, metrics = jax.jit(agent.loss)(params, batch)
+    assert float(metrics["torso/dead_channels/0"]) == 1.0
+
+
+@pytest.mark.unit
 def test_layer_norm_keeps_the_torso_unsaturated_however_wide_the_inputs():
     """A torso with layer_norm (the default: all_layers) reads inputs 100x
     wider as it reads the originals, where the plain tanh torso saturates."""
@@ -701,7 +724,7 @@ def test_a_lookahead_lengthens_the_targets_and_trains_on_the_unrolls_steps_only(
     params = _perturbed(state.params, 0.3, seed=1)
     _, metrics = jax.jit(agent.loss)(params, batch)
 
-    dist, values, _ = agent._unroll_network(params, batch)
+    dist, values, *_ = agent._unroll_network(params, batch)
     tm = {k: np.swapaxes(batch[k], 0, 1) for k in ("reward", "terminated", "truncated", "action", "logits")}
     log_pi = jax.nn.log_softmax(dist["logits"][:-1])
     log_mu = jax.nn.log_softmax(tm["logits"][:-1])

@@ -5,7 +5,9 @@ the shared tanh torso to +-1, the features stopped depending on the state,
 the policy drifted to one constant action and every gradient vanished. Each
 stage of that has a number here, logged to TensorBoard by the learner:
 saturation of the torso, the spread of the logits across states, the policy's
-entropy, the value's mean and spread, the advantage scale.
+entropy, the value's mean and spread, the advantage scale; and for ReLU
+convolutions the channels that no input of the batch activates (a dead
+channel passes no gradient and never comes back).
 
 Pure functions on time-major arrays [T, B, ...] with a validity mask [T, B]
 (1 where a step is a real transition); masked steps count nowhere.
@@ -47,6 +49,14 @@ def saturation(activations: Sequence[chex.Array]) -> jax.Array:
     saturated = sum(jnp.sum(jnp.abs(a) > SATURATED) for a in activations)
     total = sum(a.size for a in activations)
     return saturated / max(total, 1)
+
+
+def dead_channels(feature_maps: chex.Array) -> jax.Array:
+    """Share of the channels of ReLU feature maps [N, H, W, C] that are 0 at
+    every position of every sample of the batch."""
+    chex.assert_rank(feature_maps, 4)
+    alive = jnp.any(feature_maps > 0, axis=(0, 1, 2))
+    return 1.0 - jnp.mean(alive.astype(jnp.float32))
 
 
 def geometric_mean_and_min_std(log_std: chex.Array) -> tuple[jax.Array, jax.Array]:

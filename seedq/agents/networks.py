@@ -115,8 +115,11 @@ class NatureCNN(nn.Module):
         x = _to_float(obs)
         # The strided layers' weight gradients as matrix products (XLA:CPU's own are slow).
         x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", conv_general_dilated=blocks_conv)(x))
+        self.sow("intermediates", "relu_maps", x)  # the learner's dead-channel count (seedq.agents.health)
         x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", conv_general_dilated=blocks_conv)(x))
+        self.sow("intermediates", "relu_maps", x)
         x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
+        self.sow("intermediates", "relu_maps", x)
         x = x.reshape(x.shape[0], -1)
         return nn.relu(nn.Dense(512)(x))
 

@@ -220,8 +220,9 @@ class VTraceAgent:
 
     def _unroll_network(self, params, batch: dict[str, jax.Array]):
         """Distribution params {k: [T+1, B, ...]}, values [T+1, B] along batch-major
-        unrolls, and the MLP torsos' hidden activations {torso: ([N, H] per layer)}, the
-        policy's torso first (empty for CNNs)."""
+        unrolls, the MLP torsos' hidden activations {torso: ([N, H] per layer)}, the
+        policy's torso first (empty for CNNs), and the ReLU feature maps of the
+        CNN torsos that report them ([N, H, W, C] per layer; empty for MLPs)."""
         params, stats = self._split(params)
         obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
@@ -230,7 +231,9 @@ class VTraceAgent:
             mutable=["intermediates"],
         )
         torsos = sown.get("intermediates", {})
-        return dist, values, {name: sown_layers["activations"] for name, sown_layers in torsos.items()}
+        activations = {name: layers["activations"] for name, layers in torsos.items() if "activations" in layers}
+        relu_maps = [m for layers in torsos.values() for m in layers.get("relu_maps", ())]
+        return dist, values, activations, relu_maps
 
     def _time_major(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """The per-step fields the loss reads, [B, T+1, ...] -> [T+1, B, ...]."""
@@ -263,7 +266,7 @@ class VTraceAgent:
         cfg = self.config
         tm = self._time_major(batch)
         chex.assert_rank(tm["reward"], 2)
-        dist, values, activations = self._unroll_network(params, batch)  # [T+1, B, ...]
+        dist, values, activations, relu_maps = self._unroll_network(params, batch)  # [T+1, B, ...]
         return_rms = self._return_rms(params)
 
         actions = tm["action"][:-1]
@@ -305,7 +308,7 @@ class VTraceAgent:
             "loss/entropy_cost": entropy_cost,
             "vtrace/lookahead": reach,
             "rho/mean": losses.masked_average(rhos, valid),
-            **self._health(target_dist, values, vt.pg_advantages, activations, valid),
+            **self._health(target_dist, values, vt.pg_advantages, activations, relu_maps, valid),
         }
         if cfg.ppo_clip:  # PPO's clip fraction: how far the reused passes have moved the policy
             clipped = (jnp.abs(rhos - 1.0) > cfg.ppo_clip).astype(jnp.float32)
@@ -317,9 +320,9 @@ class VTraceAgent:
             metrics["return/rms"] = return_rms
         return total, metrics
 
-    def _health(self, target_dist, values, advantages, activations, valid) -> dict[str, jax.Array]:
+    def _health(self, target_dist, values, advantages, activations, relu_maps, valid) -> dict[str, jax.Array]:
         """Learning-health scalars (seedq.agents.health) of one batch: all [T, B] but
-        the distribution parameters [T, B, ...] and the torso's activations."""
+        the distribution parameters [T, B, ...] and the torso's activations and maps."""
         entropy, _ = health.masked_mean_std(self.policy.entropy(target_dist), valid)
         value_mean, value_std = health.masked_mean_std(values, valid)
         abs_advantage, _ = health.masked_mean_std(jnp.abs(advantages), valid)
@@ -344,6 +347,9 @@ class VTraceAgent:
                 out[f"torso/saturation/{torso}/{i}"] = health.saturation([layer])
         if activations:
             out["torso/saturation"] = health.saturation([next(iter(activations.values()))[-1]])
+        # ReLU CNNs, per layer over the batch's frames: a dead first layer ends learning.
+        for i, feature_maps in enumerate(relu_maps):
+            out[f"torso/dead_channels/{i}"] = health.dead_channels(feature_maps)
         return out
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
