@@ -168,6 +168,12 @@ def stored_sequence_shapes(agent, spec: EnvSpec) -> dict[str, StepFieldSpec]:
     }
 
 
+def sequence_bytes(agent, spec: EnvSpec) -> int:
+    """Bytes of one whole stored sequence (`stored_sequence_shapes`, all fields)."""
+    return sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize
+               for f in stored_sequence_shapes(agent, spec).values())
+
+
 def step_record(obs, rewards, terminated, truncated, first, actions, version: int,
                 outputs: dict, core_before: dict) -> dict[str, np.ndarray]:
     """One step of n envs as `sequence_fields` describe it: what the actor

@@ -5,7 +5,7 @@ killed for memory once it fills, hours into the run."""
 import numpy as np
 import pytest
 
-from seedq import replay
+from seedq import replay, schema
 from seedq.agents import make_agent
 from seedq.config import R2D2Config, TrainConfig
 from seedq.envs import env_spec
@@ -24,9 +24,15 @@ def test_a_replay_larger_than_the_memory_available_is_one_line_naming_what_fits(
     replay.check_replay_fits(10**9, 10**9, 2, available=None)  # unknown memory: no refusal
 
 
-def test_the_memory_available_is_read_from_this_machine():
-    available = replay.memory_available_bytes()
-    assert available is not None and 0 < available
+def test_the_memory_available_is_read_from_this_machine_and_capped_by_the_container(monkeypatch, tmp_path):
+    from seedq import host_memory
+
+    available = host_memory.memory_available_bytes()
+    assert available is not None and 0 < available <= host_memory.memory_bytes()
+    limit = tmp_path / "memory.max"
+    limit.write_text("1048576\n")  # a container limited to 1 MiB: MemAvailable counts the host's
+    monkeypatch.setattr(host_memory, "CGROUP_LIMIT", str(limit))
+    assert host_memory.memory_available_bytes() == host_memory.memory_bytes() == 1 << 20
 
 
 def test_the_r2d2_agent_checks_its_replay_and_its_checkpoint_copy_before_allocating(monkeypatch):
@@ -42,8 +48,6 @@ def test_the_r2d2_agent_checks_its_replay_and_its_checkpoint_copy_before_allocat
     monkeypatch.setattr("seedq.agents.r2d2.agent.check_replay_fits", fake_check)
     with pytest.raises(ValueError, match="refused"):
         agent.make_batch_source(UnrollQueue(16))
-    from seedq import schema
-
     stored = schema.stored_sequence_shapes(agent, spec)
     assert seen == {"capacity": 1000, "copies": 2, "sequence_bytes": sum(
         int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in stored.values())}

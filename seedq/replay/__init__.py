@@ -1,24 +1,6 @@
 """Replay memory held by the learner (prioritized sequence replay for R2D2)."""
 
 
-def memory_available_bytes() -> int | None:
-    """Memory the kernel says a new allocation can use without swapping
-    (MemAvailable, Linux), else free physical memory; None where neither is known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import os
-
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_replay_fits(capacity: int, sequence_bytes: int, copies: int, available: int | None) -> None:
     """ValueError (one line, naming r2d2.replay_capacity and the capacity that
     fits) when `copies` replays of `capacity` sequences of `sequence_bytes`

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import threading
 
 import numpy as np
 
+from seedq.host_memory import memory_bytes
 from seedq.wire.codec import SLOT_BUDGET_MARKER
 
 
@@ -92,19 +92,6 @@ AUTO_MEMORY_SHARE = 0.25
 AUTO_MIN_ENVS, AUTO_MAX_ENVS = 1024, 1 << 16
 
 
-def memory_bytes() -> int:
-    """This process's memory: the machine's, or its cgroup's limit when lower (a container)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total
-
-
 def auto_max_envs(bytes_per_slot: int, memory: int | None = None) -> int:
     """The env-slot budget that keeps the unroll buffers ([slots, length,
     ...] per field, which grow by doubling) within AUTO_MEMORY_SHARE of
@@ -119,11 +106,9 @@ def slot_budget(max_envs: int, agent, spec) -> int:
     sequences (`auto_max_envs` of the bytes one slot's unroll takes)."""
     if max_envs:
         return max_envs
-    from seedq.schema import stored_sequence_shapes
+    from seedq.schema import sequence_bytes
 
-    per_slot = sum(int(np.prod(f.shape)) * np.dtype(f.dtype).itemsize
-                   for f in stored_sequence_shapes(agent, spec).values())
-    return auto_max_envs(per_slot)
+    return auto_max_envs(sequence_bytes(agent, spec))
 
 
 class SlotBudgetExhausted(Exception):

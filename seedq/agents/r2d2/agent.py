@@ -40,7 +40,8 @@ from seedq.agents.networks import choose_network
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
-from seedq.replay import check_replay_fits, memory_available_bytes
+from seedq.host_memory import memory_available_bytes
+from seedq.replay import check_replay_fits
 from seedq.replay.prioritized import PrioritizedBatches, PrioritizedReplay
 
 STEP_FIELDS = ("obs", "reward", "terminated", "truncated", "first", "action")
@@ -165,13 +166,11 @@ class R2D2Agent:
 
     def make_batch_source(self, queue, batch_size: int | None = None) -> PrioritizedBatches:
         cfg = self.config
-        shapes = schema.stored_sequence_shapes(self, self.spec)
-        sequence_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in shapes.values())
-        check_replay_fits(cfg.replay_capacity, sequence_bytes, 2 if cfg.checkpoint_replay else 1,
-                          memory_available_bytes())
+        check_replay_fits(cfg.replay_capacity, schema.sequence_bytes(self, self.spec),
+                          2 if cfg.checkpoint_replay else 1, memory_available_bytes())
         replay = PrioritizedReplay(
             cfg.replay_capacity,
-            shapes,
+            schema.stored_sequence_shapes(self, self.spec),
             priority_exponent=cfg.priority_exponent,
             importance_exponent=cfg.importance_exponent,
             seed=self.seed,
