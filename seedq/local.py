@@ -159,6 +159,7 @@ def train(
     # A bad env id, an observation or action space the agent cannot take, fail
     # here (one line), before any process starts.
     agent = make_agent(config, spec)
+    getattr(agent, "check_host_memory", lambda: None)()  # R2D2's replay: refused before actors start
     if resume is not None:
         _check_resumable(resume, agent, config.env)
     if group.multi:

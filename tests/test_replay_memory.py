@@ -51,3 +51,17 @@ def test_the_r2d2_agent_checks_its_replay_and_its_checkpoint_copy_before_allocat
     stored = schema.stored_sequence_shapes(agent, spec)
     assert seen == {"capacity": 1000, "copies": 2, "sequence_bytes": sum(
         int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in stored.values())}
+
+
+def test_seedq_train_refuses_an_oversized_replay_before_any_actor_starts(monkeypatch, tmp_path):
+    from seedq import local
+
+    spawned = []
+    monkeypatch.setattr(local, "spawn_actors", lambda *a, **k: spawned.append(a) or [])
+    monkeypatch.setattr("seedq.agents.r2d2.agent.memory_available_bytes", lambda: 10**6)
+    config = TrainConfig(env="CartPole-v1", agent="r2d2", logdir=str(tmp_path / "run"),
+                         r2d2=R2D2Config(replay_capacity=1000))
+    with pytest.raises(ValueError, match="r2d2.replay_capacity=1000"):
+        local.train(config, quiet=True)
+    assert spawned == []
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started

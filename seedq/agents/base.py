@@ -41,6 +41,9 @@ class Agent(Protocol):
       not count in the run's return (R2D2's most exploring envs); default: all.
     * `greedy_actions(outputs)`: the greedy policy from `act`'s outputs
       (evaluation; an agent without it can only be evaluated with sampling).
+    * `check_host_memory()`: raises ValueError (one line) when what the agent
+      will hold in host memory (R2D2's replay) cannot fit; `seedq train` calls
+      it before any actor process starts.
     * on the batch source: `example_batch()` (compiles the update before data
       arrives) and `stats()` (extra TensorBoard scalars, e.g. replay size).
     """

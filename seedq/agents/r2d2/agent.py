@@ -164,10 +164,15 @@ class R2D2Agent:
 
     # --- replay ---
 
-    def make_batch_source(self, queue, batch_size: int | None = None) -> PrioritizedBatches:
+    def check_host_memory(self) -> None:
+        """ValueError when the replay and its checkpoint copy cannot fit in memory."""
         cfg = self.config
         check_replay_fits(cfg.replay_capacity, schema.sequence_bytes(self, self.spec),
                           2 if cfg.checkpoint_replay else 1, memory_available_bytes())
+
+    def make_batch_source(self, queue, batch_size: int | None = None) -> PrioritizedBatches:
+        cfg = self.config
+        self.check_host_memory()
         replay = PrioritizedReplay(
             cfg.replay_capacity,
             schema.stored_sequence_shapes(self, self.spec),
