@@ -35,6 +35,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -272,6 +273,14 @@ def needs_supervisor(config: DistributedConfig) -> bool:
     return config.explicit or (config.auto_detect and detected_environment() is not None)
 
 
+def remove_socket(path: str) -> None:
+    """Removes `path` if it is a unix socket; anything else there (a file the
+    address named by mistake) is left alone."""
+    with contextlib.suppress(OSError):
+        if path and stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
 def supervise(argv: list[str], index: int | None, size: int | None, socket_path: str = "") -> int:
     """Runs `python -m seedq.cli *argv` as a child and passes its output
     through; returns its exit status, or DEAD_PEER_EXIT_CODE after printing
@@ -314,8 +323,6 @@ def supervise(argv: list[str], index: int | None, size: int | None, socket_path:
     if not fatal:
         sys.stderr.writelines(held)
         return code
-    if socket_path:
-        with contextlib.suppress(OSError):
-            os.unlink(socket_path)
+    remove_socket(socket_path)
     print(dead_peer_line(index, size, "".join(fatal)), file=sys.stderr, flush=True)
     return DEAD_PEER_EXIT_CODE

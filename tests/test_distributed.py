@@ -31,7 +31,7 @@ import time
 import numpy as np
 import pytest
 
-from seedq.distributed import DEAD_PEER_EXIT_CODE, dead_peer_line, dead_processes
+from seedq.distributed import DEAD_PEER_EXIT_CODE, dead_peer_line, dead_processes, remove_socket
 from seedq.config import DistributedConfig, TrainConfig, VTraceConfig
 
 FORCED = "--xla_force_host_platform_device_count=4"
@@ -72,6 +72,21 @@ def test_a_group_size_that_does_not_divide_the_batch_is_refused():
                          distributed=DistributedConfig(coordinator="h:1", num_processes=3, process_id=0))
     with pytest.raises(ValueError, match="num_processes=3 does not divide the training batch vtrace.batch_size=16"):
         config.validate()
+
+
+@pytest.mark.unit
+def test_a_dead_learners_socket_is_removed_but_a_file_at_its_address_is_not(tmp_path):
+    path = str(tmp_path / "learner.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.close()
+    remove_socket(path)
+    assert not os.path.exists(path)
+    mistaken = tmp_path / "notes.txt"
+    mistaken.write_text("kept")
+    remove_socket(str(mistaken))
+    remove_socket(str(tmp_path / "absent.sock"))  # nothing there: no error
+    assert mistaken.read_text() == "kept"
 
 
 @pytest.mark.unit
