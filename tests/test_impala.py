@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import pathlib
 import queue
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from serving import serve
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def seedq(*args, timeout=300):
@@ -440,13 +442,23 @@ def test_compare_writes_csv_and_plots(tmp_path):
 
 
 def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
-    # One env, a tiny budget; the notebook's own small comparison stands in for the committed sittings.
+    # One env, a tiny budget for the notebook's own comparison; then the committed sittings.
     monkeypatch.setenv("SEEDQ_COMPARE_ENV", "MinAtar/Breakout-v1")
     monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "6000")
-    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(tmp_path / "compare-small"))
+    committed = REPO / "docs" / "impala_vs_seed"
+    sittings = sorted(p.parent.name for p in committed.glob("*/results.csv"))
+    assert {"throughput-minatar", "throughput-pong"} <= set(sittings)
+    monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(committed))
+    before = {p: p.read_bytes() for p in committed.glob("*/*") if p.is_file()}
     outputs, text = run_notebook("impala_vs_seed.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4 + 3
-    assert text.count("**MinAtar/Breakout-v1**") == 2  # the small run's table and the sitting's
+    # The small run's 4 plots, then 3 for each committed sitting, redrawn from copies.
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4 + 3 * len(sittings)
+    for name in sittings:
+        assert f"\n{name}:\n" in text
+    # The small run's table and the MinAtar sitting's; Pong's sitting.
+    assert text.count("**MinAtar/Breakout-v1**") == 2 and text.count("**ALE/Pong-v5**") >= 1
+    # The committed folders are read, not rewritten (their plots are redrawn from copies).
+    assert {p: p.read_bytes() for p in committed.glob("*/*") if p.is_file()} == before
     assert "| impala-int8 |" in text and "| seed-fp32 |" in text and "no pulls" in text
     with open(tmp_path / "compare-small" / "MinAtar_Breakout-v1" / "results.csv") as f:
         rows = list(csv.DictReader(f))
