@@ -63,7 +63,7 @@ gym.register("DelayedCue-v0", entry_point="delayed_cue:DelayedCue", max_episode_
 
 def seedq(*args, env):
     return subprocess.run([sys.executable, "-m", "seedq.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+                          timeout=600, env=env)
 
 
 @pytest.fixture
@@ -75,15 +75,17 @@ def delayed_cue_env(tmp_path, monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.learning
 def test_an_action_cued_two_frames_back_is_learned_through_the_stacked_frames(tmp_path, delayed_cue_env):
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "delayed_cue:DelayedCue-v0", "--target-return", "15",
-        "--max-frames", "150000", "--max-seconds", "240", "--eval-episodes", "0",
+        "--max-frames", "150000", "--max-seconds", "0", "--eval-episodes", "0",
         "--logdir", str(logdir), "--quiet", env=delayed_cue_env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
     # 15 of 20 is out of reach unless the stack's third frame is the cue of two steps
-    # before the action (one frame alone earns 5; a stack shifted by one, 5 as well).
+    # before the action (one frame alone earns 5). Seed 0 reached 15 at 43k frames; with
+    # the learner's stacks shifted by one frame it was at 5.3 after 133k.
     assert summary["reached_target"], summary
