@@ -107,19 +107,36 @@ class SmallCNN(nn.Module):
 
 
 class NatureCNN(nn.Module):
-    """The DQN Nature torso: conv 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512 (ReLU)."""
+    """The DQN Nature torso: conv 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512 (ReLU).
+
+    `channel_norm`: each conv's output normalised per sample and channel over
+    its positions (a GroupNorm of one channel per group) before the ReLU, so
+    every channel fires where its input stands out from the rest of the frame
+    and none can be pushed below zero everywhere. On Atari frames, mostly one
+    flat background colour, an unnormalised channel's response is dominated by
+    that background, and Adam's equal-size steps on all of its weights can drive
+    it negative at every position: the channel then passes no gradient and
+    never recovers (docs/benchmarks.md, "Pong: the first convolution")."""
+
+    channel_norm: bool = False
+
+    def _conv(self, x: jax.Array, features: int, kernel: int, stride: int, blocks: bool) -> jax.Array:
+        x = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID",
+                    **({"conv_general_dilated": blocks_conv} if blocks else {}))(x)
+        if self.channel_norm:
+            x = nn.GroupNorm(num_groups=features)(x)
+        x = nn.relu(x)
+        self.sow("intermediates", "relu_maps", x)  # the learner's dead-channel count (seedq.agents.health)
+        return x
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         """obs [N, 84, 84, C] uint8 (or float in [0, 1]) -> [N, 512]."""
         x = _to_float(obs)
         # The strided layers' weight gradients as matrix products (XLA:CPU's own are slow).
-        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID", conv_general_dilated=blocks_conv)(x))
-        self.sow("intermediates", "relu_maps", x)  # the learner's dead-channel count (seedq.agents.health)
-        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID", conv_general_dilated=blocks_conv)(x))
-        self.sow("intermediates", "relu_maps", x)
-        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
-        self.sow("intermediates", "relu_maps", x)
+        x = self._conv(x, 32, 8, 4, blocks=True)
+        x = self._conv(x, 64, 4, 2, blocks=True)
+        x = self._conv(x, 64, 3, 1, blocks=False)
         x = x.reshape(x.shape[0], -1)
         return nn.relu(nn.Dense(512)(x))
 
@@ -242,7 +259,7 @@ def choose_network(name: str, obs_shape: Sequence[int]) -> str:
 def make_torso(
     name: str, mlp_hidden: Sequence[int] = (256, 256, 256),
     mlp_activation: Callable[[jax.Array], jax.Array] = nn.relu, module_name: str | None = None,
-    mlp_layer_norm: str = "none",
+    mlp_layer_norm: str = "none", cnn_channel_norm: bool = False,
 ) -> nn.Module:
     """The torso called `name`; `module_name` names the flax submodule (default: automatic)."""
     if name == "mlp":
@@ -250,7 +267,7 @@ def make_torso(
     if name == "small_cnn":
         return SmallCNN(name=module_name)
     if name == "nature_cnn":
-        return NatureCNN(name=module_name)
+        return NatureCNN(channel_norm=cnn_channel_norm, name=module_name)
     if name == "impala_cnn":
         return ImpalaCNN(name=module_name)
     raise ValueError(f"network {name!r}: choose one of {', '.join(NETWORKS)}")

@@ -125,6 +125,10 @@ class VTraceConfig:
     # the torso nor need statistics that move as the policy learns. The CNNs
     # (MinAtar, Atari) have none.
     layer_norm: str = "all_layers"
+    # The Nature CNN's conv outputs normalised per channel over their
+    # positions before the ReLU (NatureCNN.channel_norm), so that no channel
+    # can go dark on every position of a frame.
+    cnn_channel_norm: bool = False
 
     def validate(self) -> None:
         check_choice("vtrace.layer_norm", self.layer_norm, LAYER_NORM_MODES)

@@ -104,6 +104,8 @@ class VTraceAgent:
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network_name = choose_network(config.network, self.obs_shape)
+        if config.cnn_channel_norm and self.network_name != "nature_cnn":
+            raise ValueError(f"vtrace.cnn_channel_norm applies to the nature_cnn torso; this run's is {self.network_name}")
         # Running observation statistics live in the parameters as params["obs_stats"]
         # (no gradient; replaced after every update), so they are checkpointed
         # and published with the network.
@@ -122,6 +124,7 @@ class VTraceAgent:
             shared_torso=config.shared_torso,
             value_hidden_sizes=tuple(config.value_hidden_sizes),
             layer_norm=config.layer_norm,
+            cnn_channel_norm=config.cnn_channel_norm,
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )

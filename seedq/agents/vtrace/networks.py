@@ -64,6 +64,8 @@ class PolicyValueNetwork(nn.Module):
     value_hidden_sizes: tuple[int, ...] = ()
     # LayerNorm in the MLP torsos (MLPTorso.layer_norm): none, first_layer or all_layers.
     layer_norm: str = "none"
+    # Per-channel normalisation in the Nature CNN (NatureCNN.channel_norm).
+    cnn_channel_norm: bool = False
     # Box actions: finite bounds squash the mean into [low, high] (see module docstring).
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
@@ -73,7 +75,8 @@ class PolicyValueNetwork(nn.Module):
         T, B = obs.shape[:2]
         flat = merge_time_batch(obs)
         # tanh MLPs (the CartPole defaults were tuned with them); ReLU CNNs.
-        x = make_torso(self.torso, self.hidden_sizes, nn.tanh, mlp_layer_norm=self.layer_norm)(flat)
+        x = make_torso(self.torso, self.hidden_sizes, nn.tanh, mlp_layer_norm=self.layer_norm,
+                       cnn_channel_norm=self.cnn_channel_norm)(flat)
         if self.use_lstm:
             carry, y = ScannedLSTM(self.lstm_size, name="lstm")(carry, (split_time_batch(x, T, B), first))
             x = merge_time_batch(y)
@@ -82,7 +85,7 @@ class PolicyValueNetwork(nn.Module):
         else:  # feed-forward only (TrainConfig.validate)
             value_x = make_torso(
                 self.torso, self.value_hidden_sizes or self.hidden_sizes, nn.tanh, "value_torso",
-                mlp_layer_norm=self.layer_norm,
+                mlp_layer_norm=self.layer_norm, cnn_channel_norm=self.cnn_channel_norm,
             )(flat)
         policy = nn.Dense(
             self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="policy"
