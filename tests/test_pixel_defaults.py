@@ -32,6 +32,8 @@ def test_pong_gets_the_pixel_defaults_and_minatar_the_small_env_ones():
     assert pong.vtrace == PIXEL_VTRACE and minatar.vtrace == VTraceConfig()
     assert PIXEL_VTRACE.reuse == 1 and PIXEL_VTRACE.lookahead == 0
     assert PIXEL_VTRACE.learning_rate < VTraceConfig().learning_rate and PIXEL_VTRACE.adam_eps > VTraceConfig().adam_eps
+    assert PIXEL_VTRACE.cnn_channel_norm and not minatar.vtrace.cnn_channel_norm  # MinAtar's small CNN has none
+    assert PIXEL_VTRACE.batch_size == 4 and minatar.vtrace.batch_size == 16
     assert (pong.server.queue_full, minatar.server.queue_full) == ("pace", "wait")
 
 
@@ -40,4 +42,5 @@ def test_print_config_shows_the_pixel_defaults_and_flags_override_them(capsys):
     config = json.loads(capsys.readouterr().out)
     vtrace = config["vtrace"]
     assert (vtrace["reuse"], vtrace["lookahead"], vtrace["reward_scale"]) == (2, 0, 1.0)
+    assert (vtrace["cnn_channel_norm"], vtrace["batch_size"]) == (True, 4)
     assert config["server"]["queue_full"] == "pace"
