@@ -44,7 +44,7 @@ def test_a_channel_driven_below_zero_everywhere_still_fires_on_the_frames_object
     assert _alive_first_channels(channel_norm=False, bias=0.0) < 32  # some dark on the flat background from the start
 
 
-def test_the_option_is_off_by_default_keeps_the_parameters_and_is_refused_off_the_nature_cnn():
+def test_the_option_is_off_by_default_keeps_the_parameters_and_other_torsos_ignore_it():
     from seedq.agents import make_agent
     from seedq.envs import env_spec
 
@@ -52,9 +52,14 @@ def test_the_option_is_off_by_default_keeps_the_parameters_and_is_refused_off_th
     plain = NatureCNN().init(jax.random.PRNGKey(0), frames)["params"]
     assert sorted(plain) == ["Conv_0", "Conv_1", "Conv_2", "Dense_0"]  # old checkpoints keep loading
     assert config_lib.VTraceConfig().cnn_channel_norm is False
-    config = config_lib.TrainConfig(env="CartPole-v1", vtrace=config_lib.VTraceConfig(cnn_channel_norm=True))
-    with pytest.raises(ValueError, match="vtrace.cnn_channel_norm applies to the nature_cnn torso; this run's is mlp"):
-        make_agent(config, env_spec("CartPole-v1"))
+    # Pong's defaults turn it on; the IMPALA ResNet (the GPU recipe's torso) builds without it.
+    spec = env_spec("ALE/Pong-v5")
+    for network, norms in (("nature_cnn", 3), ("impala_cnn", 0)):
+        vtrace = config_lib.VTraceConfig(cnn_channel_norm=True, network=network)
+        agent = make_agent(config_lib.TrainConfig(env="ALE/Pong-v5", vtrace=vtrace), spec)
+        names = jax.tree_util.tree_flatten_with_path(agent.init(jax.random.PRNGKey(0)))[0]
+        groups = {str(path) for path, _ in names if "GroupNorm" in str(path)}
+        assert len({g.split("GroupNorm_")[1][0] for g in groups}) == norms, (network, groups)
 
 
 def test_a_normalised_pong_network_acts_at_every_precision_close_to_fp32():

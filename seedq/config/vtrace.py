@@ -127,7 +127,8 @@ class VTraceConfig:
     layer_norm: str = "all_layers"
     # The Nature CNN's conv outputs normalised per channel over their
     # positions before the ReLU (NatureCNN.channel_norm), so that no channel
-    # can go dark on every position of a frame.
+    # can go dark on every position of a frame. The other torsos have no such
+    # layer and ignore it (on for pixel envs, which may pick impala_cnn).
     cnn_channel_norm: bool = False
 
     def validate(self) -> None:

@@ -104,8 +104,6 @@ class VTraceAgent:
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
         self.network_name = choose_network(config.network, self.obs_shape)
-        if config.cnn_channel_norm and self.network_name != "nature_cnn":
-            raise ValueError(f"vtrace.cnn_channel_norm applies to the nature_cnn torso; this run's is {self.network_name}")
         # Running observation statistics live in the parameters as params["obs_stats"]
         # (no gradient; replaced after every update), so they are checkpointed
         # and published with the network.
