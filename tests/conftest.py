@@ -30,6 +30,21 @@ def run_notebook(tmp_path):
     return run
 
 
+
+@pytest.fixture
+def importable_module(tmp_path, monkeypatch):
+    """`importable_module("name", source)` writes tmp_path/name.py, makes it importable
+    here, and returns the environment (PYTHONPATH) that makes it importable in the
+    seedq processes a test starts (its actors register the module's envs too)."""
+    import os
+
+    def write(name: str, source: str) -> dict[str, str]:
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    return write
+
 TIERS = ("unit", "e2e", "learning")
 
 

@@ -120,11 +120,8 @@ USER_ENV = textwrap.dedent('''
 
 
 @pytest.mark.e2e
-def test_user_factory_env_trains_through_real_actor_processes(tmp_path):
-    (tmp_path / "my_envs.py").write_text(USER_ENV)
-    import os
-
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def test_user_factory_env_trains_through_real_actor_processes(tmp_path, importable_module):
+    env = importable_module("my_envs", USER_ENV)
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "factory:my_envs:make_corridor", "--max-frames", "3000",
@@ -418,13 +415,9 @@ OBS_ENVS = textwrap.dedent('''
 
 
 @pytest.fixture
-def obs_envs(tmp_path, monkeypatch):
+def obs_envs(importable_module):
     """The obs_envs module importable here and in the actor processes (PYTHONPATH)."""
-    import os
-
-    (tmp_path / "obs_envs.py").write_text(OBS_ENVS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return importable_module("obs_envs", OBS_ENVS)
 
 
 @pytest.mark.unit

@@ -13,7 +13,6 @@ a bug in a test; this learns in seconds.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -67,11 +66,9 @@ def seedq(*args, env):
 
 
 @pytest.fixture
-def delayed_cue_env(tmp_path, monkeypatch):
+def delayed_cue_env(importable_module):
     """The delayed_cue module importable here and in the actor processes (PYTHONPATH)."""
-    (tmp_path / "delayed_cue.py").write_text(DELAYED_CUE_ENV)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return importable_module("delayed_cue", DELAYED_CUE_ENV)
 
 
 @pytest.mark.e2e
