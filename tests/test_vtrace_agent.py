@@ -177,6 +177,44 @@ def test_layer_norm_reaches_the_mlp_torso_only_so_image_envs_keep_their_network(
     assert shapes(params(CARTPOLE, "all_layers")) != shapes(params(CARTPOLE, "none"))
 
 
+class _WholeUnrollAgent(VTraceAgent):
+    """The reference for the split below: the network applied to all T+1 steps
+    at once and differentiated through all of them."""
+
+    def _unroll_network(self, params, batch):
+        params, stats = self._split(params)
+        obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
+        carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
+        (dist, values, _), sown = self.network.apply(
+            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry, mutable=["intermediates"])
+        return dist, values, {}, []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spec, config", [
+    (CARTPOLE, VTraceConfig(lookahead=6)),
+    (CARTPOLE, VTraceConfig(lookahead=6, use_lstm=True, lstm_size=16)),
+    (SWINGUP, VTraceConfig(lookahead=3, normalize_observations=True)),
+    (FRAMES, VTraceConfig(lookahead=0, cnn_channel_norm=True)),
+], ids=["mlp-lookahead", "lstm-lookahead", "gaussian-normalized", "nature-cnn-bootstrap"])
+def test_backward_pass_over_the_trained_steps_alone_gives_the_whole_unrolls_gradient(spec, config):
+    """The update differentiates only the first unroll_length steps; the
+    lookahead and bootstrap steps run on frozen parameters (they only set the
+    targets). Loss and gradient equal those through the whole unroll."""
+    config = dataclasses.replace(config, unroll_length=5)
+    agent, reference = VTraceAgent(spec, config, frame_stack=3), _WholeUnrollAgent(spec, config, frame_stack=3)
+    params = _perturbed(agent.init(jax.random.PRNGKey(2)).params, 0.05, seed=3)
+    batch = _record(agent, params, steps=config.unroll_length + config.lookahead + 1, n=3)
+    (loss, _), grads = jax.jit(jax.value_and_grad(agent.loss, has_aux=True))(params, batch)
+    (want_loss, _), want = jax.jit(jax.value_and_grad(reference.loss, has_aux=True))(params, batch)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    for path, got in jax.tree_util.tree_leaves_with_path(grads):
+        expected = jax.tree_util.tree_leaves_with_path(want)
+        expected = dict((jax.tree_util.keystr(p), x) for p, x in expected)[jax.tree_util.keystr(path)]
+        np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-4  # a gradient worth comparing
+
+
 @pytest.mark.unit
 def test_learning_health_metrics_measure_the_batch():
     agent = VTraceAgent(CARTPOLE, VTraceConfig())

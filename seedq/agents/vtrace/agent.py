@@ -223,14 +223,25 @@ class VTraceAgent:
         """Distribution params {k: [T+1, B, ...]}, values [T+1, B] along batch-major
         unrolls, the MLP torsos' hidden activations {torso: ([N, H] per layer)}, the
         policy's torso first (empty for CNNs), and the ReLU feature maps of the
-        CNN torsos that report them ([N, H, W, C] per layer; empty for MLPs)."""
+        CNN torsos that report them ([N, H, W, C] per layer; empty for MLPs); the
+        activations and maps are those of the trained steps (N = unroll_length x B)."""
         params, stats = self._split(params)
         obs = self.frames.unroll(batch) if self.frames else self._normalized(stats, batch["obs"])
+        obs, first = jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1)
         carry = (batch["core/lstm_c"], batch["core/lstm_h"]) if self.config.use_lstm else None
-        (dist, values, _), sown = self.network.apply(
-            params, jnp.swapaxes(obs, 0, 1), jnp.swapaxes(batch["first"], 0, 1), carry,
-            mutable=["intermediates"],
+        # The losses train on the first unroll_length steps only; the rest (the
+        # lookahead and the bootstrap observation) set V-trace's targets, which
+        # carry no gradient. Running that part apart, on frozen parameters, keeps
+        # the backward pass to the trained steps: one pass fewer per lookahead
+        # step (on Pong, the bootstrap frame is 1 of every 11 frames).
+        cut = self.config.unroll_length
+        (dist, values, carry), sown = self.network.apply(
+            params, obs[:cut], first[:cut], carry, mutable=["intermediates"],
         )
+        frozen = jax.lax.stop_gradient((params, carry))
+        target_dist, target_values, _ = self.network.apply(frozen[0], obs[cut:], first[cut:], frozen[1])
+        dist = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), dist, target_dist)
+        values = jnp.concatenate([values, target_values])
         torsos = sown.get("intermediates", {})
         activations = {name: layers["activations"] for name, layers in torsos.items() if "activations" in layers}
         relu_maps = [m for layers in torsos.values() for m in layers.get("relu_maps", ())]
