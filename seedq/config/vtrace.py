@@ -26,8 +26,8 @@ class VTraceConfig:
     # lengthen V-trace's targets for the unroll_length trained steps (they are
     # trained on in the next unrolls): returns that reach past the unroll's
     # end without longer unrolls. The updates per frame and unrolls per batch
-    # stay; the learner's network passes cover unroll_length + lookahead + 1
-    # steps per unroll instead of unroll_length + 1, and the trained steps
+    # stay; the learner runs lookahead more forward passes per unroll (no
+    # backward pass: they only set the targets), and the trained steps
     # reach the learner `lookahead` steps later (staler). 0 for Box actions.
     lookahead: int = 30
     # true: the targets' reach past the unroll grows from 0 to `lookahead`
