@@ -232,14 +232,14 @@ class VTraceAgent:
         # The losses train on the first unroll_length steps only; the rest (the
         # lookahead and the bootstrap observation) set V-trace's targets, which
         # carry no gradient. Running that part apart, on frozen parameters, keeps
-        # the backward pass to the trained steps: one pass fewer per lookahead
-        # step (on Pong, the bootstrap frame is 1 of every 11 frames).
+        # the backward pass to the trained steps: the others cost a forward pass
+        # only (on Pong, the bootstrap frame is 1 of every 11 frames).
         cut = self.config.unroll_length
         (dist, values, carry), sown = self.network.apply(
             params, obs[:cut], first[:cut], carry, mutable=["intermediates"],
         )
-        frozen = jax.lax.stop_gradient((params, carry))
-        target_dist, target_values, _ = self.network.apply(frozen[0], obs[cut:], first[cut:], frozen[1])
+        frozen_params, frozen_carry = jax.lax.stop_gradient((params, carry))
+        target_dist, target_values, _ = self.network.apply(frozen_params, obs[cut:], first[cut:], frozen_carry)
         dist = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), dist, target_dist)
         values = jnp.concatenate([values, target_values])
         torsos = sown.get("intermediates", {})
