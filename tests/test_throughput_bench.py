@@ -126,6 +126,35 @@ def test_pacing_starts_past_two_batches_matches_the_learners_rate_and_slows_furt
 
 
 @pytest.mark.unit
+def test_pushed_unrolls_are_acknowledged_on_one_schedule_at_the_learners_rate():
+    """IMPALA actors push unrolls past the batch loop; their acknowledgements
+    share one schedule, so concurrent pushers together go at the learner's rate."""
+    from seedq.server.pacing import MAX_SLOWDOWN, PushPacer
+
+    class Queue:  # what the pacer reads of seedq.server.unrolls.UnrollQueue
+        backlog, target, rate = 32, 32, 64.0
+
+        def __len__(self):
+            return self.backlog
+
+        def pace_target(self):
+            return self.target
+
+        take_rate = type("Rate", (), {"per_second": lambda self: Queue.rate})()
+
+    queue = Queue()
+    pacer = PushPacer(queue)
+    assert pacer.delay(16, now=5.0) == 0.0  # at the target: acknowledged at once
+    queue.backlog = 900  # far past it: each push of 16 unrolls holds 16 / 64 s x MAX_SLOWDOWN
+    step = 16 / 64 * MAX_SLOWDOWN
+    # Two actors pushing at the same instant wait one and two steps: in turn, not side by side.
+    assert [pacer.delay(16, now=6.0), pacer.delay(16, now=6.0)] == pytest.approx([step, 2 * step])
+    assert pacer.delay(16, now=6.0 + 10.0) == pytest.approx(step)  # a push after a pause starts afresh
+    queue.backlog = 10
+    assert pacer.delay(16, now=20.0) == 0.0
+
+
+@pytest.mark.unit
 def test_the_queue_measures_the_rate_the_learner_takes_unrolls_and_its_pacing_target(monkeypatch):
     from seedq.server import unrolls
 

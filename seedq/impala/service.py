@@ -25,6 +25,7 @@ import numpy as np
 from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
 from seedq.server.inference import RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
+from seedq.server.pacing import PushPacer
 from seedq.server.unrolls import QueueClosed, put_when_room
 from seedq.v1 import seed_pb2
 from seedq.impala import codec as impala_codec
@@ -68,9 +69,12 @@ class ImpalaLearnerService(LearnerService):
     """IMPALA mode: no inference here; actors' unrolls go straight to `queue`."""
 
     def __init__(self, agent, spec, table, queue, learner_run: str, max_envs_per_actor: int, *,
-                 publisher: ParamsPublisher, config_json: str, current_version, **kwargs):
+                 publisher: ParamsPublisher, config_json: str, current_version, pace: bool = False, **kwargs):
         super().__init__(None, learner_run, max_envs_per_actor, spec=spec, **kwargs)
         self.table, self.queue = table, queue
+        # server.queue_full pace: actors held to the learner's rate (seedq.server.pacing).
+        self.pacer = PushPacer(queue) if pace else None
+        self.paced_seconds = 0.0
         self.publisher = publisher
         self.config_json = config_json
         self.current_version = current_version  # () -> the learner's policy version
@@ -142,6 +146,11 @@ class ImpalaLearnerService(LearnerService):
                     except QueueClosed:
                         raise ServerClosing() from None
                     table.book_episodes(frames, returns, lengths)
+                    if self.pacer is not None:
+                        delay = self.pacer.delay(len(next(iter(unrolls.values()))), asyncio.get_running_loop().time())
+                        if delay > 0:
+                            self.paced_seconds += delay
+                            await asyncio.sleep(delay)
                     await context.write(seed_pb2.UnrollAck(policy_version=self.current_version()))
         finally:
             table.release(entry)

@@ -278,6 +278,7 @@ class Learner:
             publisher=self.params_publisher,
             config_json=json.dumps(config_lib.to_dict(self.config)),
             current_version=lambda: self.version, peer_timeout_seconds=peer_timeout,
+            pace=self.config.server.queue_full == "pace",
         )
 
     # --- training thread ---

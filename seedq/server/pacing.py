@@ -62,3 +62,33 @@ def pace_interval(produced_unrolls: float, backlog: int, target: int, take_rate:
         return 0.0
     slowdown = min(backlog / target, MAX_SLOWDOWN)
     return produced_unrolls / take_rate * slowdown
+
+
+class PushPacer:
+    """Pacing for actors that push whole unrolls (IMPALA mode), which bypass
+    the inference batch loop `queue_full pace` otherwise slows.
+
+    Every push reserves the next slot of one schedule shared by all streams:
+    a push may be acknowledged no sooner than the previous one's slot plus
+    the time the learner takes to consume what that push brought
+    (`pace_interval`), so however many actors push at once, together they
+    produce at the learner's rate. An actor sends its next unrolls only after
+    the acknowledgement of the previous ones, so holding the acknowledgement
+    holds the actor. Runs on the server's event loop (not thread-safe).
+    """
+
+    def __init__(self, queue):
+        self.queue = queue
+        self._next_at = 0.0
+
+    def delay(self, produced_unrolls: float, now: float) -> float:
+        """Seconds the push that brought `produced_unrolls` at `now` waits
+        before its acknowledgement (0 while the backlog is at its target)."""
+        interval = pace_interval(
+            produced_unrolls, len(self.queue), self.queue.pace_target(), self.queue.take_rate.per_second()
+        )
+        if interval <= 0:
+            self._next_at = now
+            return 0.0
+        self._next_at = max(now, self._next_at) + interval
+        return self._next_at - now
