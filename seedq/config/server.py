@@ -39,7 +39,8 @@ class ServerConfig:
     # batches queued, the batch loop slows to the rate the learner takes
     # unrolls, so every round trip grows a little instead of one in a few
     # waiting out a train step, and the learner trains on fresh unrolls
-    # (seedq.server.pacing); a full queue still waits. `pace` for pixel envs.
+    # (seedq.server.pacing; in IMPALA mode the acknowledgements of pushed
+    # unrolls are paced alike); a full queue still waits. `pace` for pixel envs.
     queue_full: str = "wait"
     # Handshakes declaring more envs are refused (bounds learner memory).
     max_envs_per_actor: int = 4096
