@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import chex
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -222,8 +223,9 @@ def _episode_batch(agent, seed=0):
             batch["first"][b, t + 1] = True
             batch["reward"][b, t + 1] = 0.0  # the reset step's reward
     batch["first"][3, 0] = True
-    batch["core/c"] = rng.normal(size=batch["core/c"].shape).astype(np.float32)
-    batch["core/h"] = rng.normal(size=batch["core/h"].shape).astype(np.float32)
+    for core in ("core/c", "core/h"):  # a recurrent agent's stored LSTM state
+        if core in batch:
+            batch[core] = rng.normal(size=batch[core].shape).astype(np.float32)
     batch["weights"] = np.array([1.0, 0.5, 0.25, 0.8], np.float32)
     batch["indices"] = np.arange(B, dtype=np.int32)
     return batch
@@ -302,6 +304,37 @@ def test_burn_in_gets_no_gradient_and_update_moves_target_every_k():
             assert not same(state.target_params, state.params)
         if step < 3:
             assert same(state.target_params, initial_target)
+
+
+class _WholeSequenceAgent(R2D2Agent):
+    """The reference for the split below: the online network differentiated
+    through every step after the burn-in."""
+
+    def _online_q(self, params, obs, first, carry):
+        burn_in = self.config.burn_in
+        _, carry = self.network.apply(params, obs[:burn_in], first[:burn_in], carry)
+        return self.network.apply(params, obs[burn_in:], first[burn_in:], jax.lax.stop_gradient(carry))[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("use_lstm", [True, False], ids=["lstm", "feedforward"])
+def test_backward_pass_over_the_loss_region_alone_gives_the_whole_sequences_gradient(use_lstm):
+    """The update differentiates only the loss region's steps; the last n
+    steps only select the bootstrap actions and run on frozen parameters.
+    Loss, priorities and gradient equal those through the whole sequence."""
+    cfg = dataclasses.replace(CFG, use_lstm=use_lstm)
+    agent, reference = R2D2Agent(SPEC, cfg, num_envs=8), _WholeSequenceAgent(SPEC, cfg, num_envs=8)
+    state = agent.init(jax.random.PRNGKey(4))
+    target = jax.tree.map(lambda p: p + 0.3 * jnp.sin(7 * p + 1), state.params)
+    batch = _episode_batch(agent, seed=2)
+    (loss, (_, priorities)), grads = jax.jit(jax.value_and_grad(agent.loss, has_aux=True))(
+        state.params, target, batch)
+    (want_loss, (_, want_priorities)), want = jax.jit(jax.value_and_grad(reference.loss, has_aux=True))(
+        state.params, target, batch)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    np.testing.assert_allclose(priorities, want_priorities, rtol=1e-6)
+    chex.assert_trees_all_close(grads, want, rtol=2e-4, atol=1e-7)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-4  # a gradient worth comparing
 
 
 @pytest.mark.unit

@@ -209,6 +209,26 @@ class R2D2Agent:
             return None
         return batch["core/c"], batch["core/h"]
 
+    def _online_q(self, params, obs, first, carry):
+        """The online network's Q-values [trace + n, B, A] for steps burn_in .. L-1
+        of time-major `obs` [L, B, ...], `first` [L, B].
+
+        Only the loss region's Q-values (the first `trace`) take a gradient:
+        the last n steps' Q-values only select the bootstrap actions (a
+        stop-gradient in the target), so they, like the burn-in, run as a
+        forward pass on frozen parameters, and the backward pass covers
+        trace_length of the L steps (the same gradient as through all of them).
+        """
+        burn_in, trace = self.config.burn_in, self.config.trace_length
+        frozen_params = jax.lax.stop_gradient(params)
+        if burn_in:
+            _, carry = self.network.apply(frozen_params, obs[:burn_in], first[:burn_in], carry)
+        carry = jax.lax.stop_gradient(carry)
+        end = burn_in + trace
+        q_trained, carry = self.network.apply(params, obs[burn_in:end], first[burn_in:end], carry)
+        q_selectors, _ = self.network.apply(frozen_params, obs[end:], first[end:], jax.lax.stop_gradient(carry))
+        return jnp.concatenate([q_trained, q_selectors], axis=0)
+
     def loss(self, params, target_params, batch):
         """Importance-weighted R2D2 loss on batch-major sequences [B, L, ...].
 
@@ -221,11 +241,7 @@ class R2D2Agent:
             tm["obs"] = jnp.swapaxes(self.frames.unroll(batch), 0, 1)
         carry = self._initial_carry(batch)
 
-        # Online network: burn-in without gradient, then the rest of the sequence.
-        if burn_in:
-            _, carry = self.network.apply(params, tm["obs"][:burn_in], tm["first"][:burn_in], carry)
-            carry = jax.lax.stop_gradient(carry)
-        q_online, _ = self.network.apply(params, tm["obs"][burn_in:], tm["first"][burn_in:], carry)
+        q_online = self._online_q(params, tm["obs"], tm["first"], carry)
         q_target, _ = self.network.apply(
             target_params, tm["obs"], tm["first"], self._initial_carry(batch)
         )
