@@ -126,32 +126,50 @@ def test_pacing_starts_past_two_batches_matches_the_learners_rate_and_slows_furt
 
 
 @pytest.mark.unit
-def test_pushed_unrolls_are_acknowledged_on_one_schedule_at_the_learners_rate():
-    """IMPALA actors push unrolls past the batch loop; their acknowledgements
-    share one schedule, so concurrent pushers together go at the learner's rate."""
-    from seedq.server.pacing import MAX_SLOWDOWN, PushPacer
+def test_an_impala_push_is_acknowledged_once_the_learner_has_drained_the_queue_to_it_and_the_target():
+    """IMPALA actors push unrolls past the batch loop; under `pace` the
+    acknowledgement (and so the actor) waits until the queue holds no more
+    than this push and two learner batches: a push larger than the target is
+    not held longer than the learner needs to reach it."""
+    import asyncio
+    import types
 
-    class Queue:  # what the pacer reads of seedq.server.unrolls.UnrollQueue
-        backlog, target, rate = 32, 32, 64.0
+    from seedq.impala.service import ImpalaLearnerService
 
-        def __len__(self):
-            return self.backlog
+    queue = UnrollQueue(capacity=256)
+    chunk = lambda n: {"x": np.zeros((n, 3), np.float32)}
+    queue.try_put(chunk(8))
+    assert queue.get(4, timeout=1) is not None  # the learner's batch: 4 unrolls, target 2 x 4
+    assert queue.pace_target() == 8
+    queue.try_put(chunk(36))
+    queue.try_put(chunk(32))  # this stream's push: 72 queued, acknowledged at 32 + 8 = 40
+    service = types.SimpleNamespace(paced_seconds=0.0)
+    entry = types.SimpleNamespace(closed=False)
+    backlog_at_ack = []
 
-        def pace_target(self):
-            return self.target
+    async def push_and_train():
+        hold = asyncio.ensure_future(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
+        while not hold.done():
+            await asyncio.sleep(0.01)
+            if hold.done():
+                break
+            assert len(queue) > 40, "held past the point it should have been acknowledged"
+            queue.get(4, timeout=1)  # one train step
+            await asyncio.sleep(0.03)  # > the poll's longest wait: the hold sees each backlog
+        backlog_at_ack.append(len(queue))
+        await hold
 
-        take_rate = type("Rate", (), {"per_second": lambda self: Queue.rate})()
-
-    queue = Queue()
-    pacer = PushPacer(queue)
-    assert pacer.delay(16, now=5.0) == 0.0  # at the target: acknowledged at once
-    queue.backlog = 900  # far past it: each push of 16 unrolls holds 16 / 64 s x MAX_SLOWDOWN
-    step = 16 / 64 * MAX_SLOWDOWN
-    # Two actors pushing at the same instant wait one and two steps: in turn, not side by side.
-    assert [pacer.delay(16, now=6.0), pacer.delay(16, now=6.0)] == pytest.approx([step, 2 * step])
-    assert pacer.delay(16, now=6.0 + 10.0) == pytest.approx(step)  # a push after a pause starts afresh
-    queue.backlog = 10
-    assert pacer.delay(16, now=20.0) == 0.0
+    asyncio.run(push_and_train())
+    assert backlog_at_ack == [40]
+    assert service.paced_seconds > 0
+    # Under the target plus the push: acknowledged at once.
+    asyncio.run(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
+    # A superseded run stops waiting.
+    queue.try_put(chunk(100))
+    from seedq.server.inference import RunSuperseded
+    entry.closed = True
+    with pytest.raises(RunSuperseded):
+        asyncio.run(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
 
 
 @pytest.mark.unit

@@ -25,8 +25,8 @@ import numpy as np
 from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
 from seedq.server.inference import RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
-from seedq.server.pacing import PushPacer
-from seedq.server.unrolls import QueueClosed, put_when_room
+from seedq.server.pacing import push_ack_backlog
+from seedq.server.unrolls import QueueClosed, poll_until, put_when_room
 from seedq.v1 import seed_pb2
 from seedq.impala import codec as impala_codec
 from seedq.wire import codec
@@ -72,8 +72,9 @@ class ImpalaLearnerService(LearnerService):
                  publisher: ParamsPublisher, config_json: str, current_version, pace: bool = False, **kwargs):
         super().__init__(None, learner_run, max_envs_per_actor, spec=spec, **kwargs)
         self.table, self.queue = table, queue
-        # server.queue_full pace: actors held to the learner's rate (seedq.server.pacing).
-        self.pacer = PushPacer(queue) if pace else None
+        # server.queue_full pace: acknowledgements held while the learner
+        # drains the queue (seedq.server.pacing.push_ack_backlog).
+        self.pace = pace
         self.paced_seconds = 0.0
         self.publisher = publisher
         self.config_json = config_json
@@ -146,14 +147,21 @@ class ImpalaLearnerService(LearnerService):
                     except QueueClosed:
                         raise ServerClosing() from None
                     table.book_episodes(frames, returns, lengths)
-                    if self.pacer is not None:
-                        delay = self.pacer.delay(len(next(iter(unrolls.values()))), asyncio.get_running_loop().time())
-                        if delay > 0:
-                            self.paced_seconds += delay
-                            await asyncio.sleep(delay)
+                    if self.pace:
+                        await self._hold_until_drained(queue, len(unrolls[BEHAVIOUR_VERSION]), entry)
                     await context.write(seed_pb2.UnrollAck(policy_version=self.current_version()))
         finally:
             table.release(entry)
+
+    async def _hold_until_drained(self, queue, pushed: int, entry) -> None:
+        """Holds a push's acknowledgement (and so its actor) until the
+        learner has drained the queue to `push_ack_backlog`."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        drained = lambda: queue.closed or len(queue) <= push_ack_backlog(pushed, queue.pace_target())
+        if not await poll_until(drained, give_up=lambda: entry.closed):
+            raise RunSuperseded()
+        self.paced_seconds += loop.time() - started
 
     def connect_actor(self, handshake):
         """Registers an IMPALA actor in the env table (no inference slots of its own)."""

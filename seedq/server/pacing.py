@@ -64,31 +64,18 @@ def pace_interval(produced_unrolls: float, backlog: int, target: int, take_rate:
     return produced_unrolls / take_rate * slowdown
 
 
-class PushPacer:
-    """Pacing for actors that push whole unrolls (IMPALA mode), which bypass
-    the inference batch loop `queue_full pace` otherwise slows.
+def push_ack_backlog(pushed_unrolls: int, target: int) -> int:
+    """IMPALA mode's pacing: the backlog (unrolls queued, the push included)
+    at or under which the acknowledgement of `pushed_unrolls` goes out.
 
-    Every push reserves the next slot of one schedule shared by all streams:
-    a push may be acknowledged no sooner than the previous one's slot plus
-    the time the learner takes to consume what that push brought
-    (`pace_interval`), so however many actors push at once, together they
-    produce at the learner's rate. An actor sends its next unrolls only after
-    the acknowledgement of the previous ones, so holding the acknowledgement
-    holds the actor. Runs on the server's event loop (not thread-safe).
+    IMPALA actors push whole unrolls past the inference batch loop and send
+    the next ones only after the acknowledgement, so holding it holds the
+    actor. A push is often larger than `target` (32 unrolls from an actor of
+    32 envs against 2 batches of 4 on Pong), so a rate schedule would hold
+    every push and starve the learner while the actor waits and then steps;
+    instead the acknowledgement waits until the learner has drained the
+    queue down to this push and `target`: the actor then steps its next
+    unrolls while the learner trains on these, and the backlog stays within
+    one push per actor plus the target instead of filling the queue.
     """
-
-    def __init__(self, queue):
-        self.queue = queue
-        self._next_at = 0.0
-
-    def delay(self, produced_unrolls: float, now: float) -> float:
-        """Seconds the push that brought `produced_unrolls` at `now` waits
-        before its acknowledgement (0 while the backlog is at its target)."""
-        interval = pace_interval(
-            produced_unrolls, len(self.queue), self.queue.pace_target(), self.queue.take_rate.per_second()
-        )
-        if interval <= 0:
-            self._next_at = now
-            return 0.0
-        self._next_at = max(now, self._next_at) + interval
-        return self._next_at - now
+    return pushed_unrolls + target

@@ -56,6 +56,10 @@ class UnrollQueue:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -151,23 +155,29 @@ class UnrollQueue:
         self._cond.notify_all()
 
 
-async def put_when_room(queue: UnrollQueue, chunk: dict[str, np.ndarray], *, give_up=lambda: False,
-                        first_wait: float = 0.001, longest_wait: float = 0.02) -> bool:
-    """Puts `chunk` once `queue` has room, waiting on the event loop: the wait
-    can be cancelled (a closed stream) and holds no executor thread, which
-    would keep other RPCs' executor work (parameter pulls) waiting behind it.
-    Returns False, without putting, as soon as `give_up()` is true; raises
-    QueueClosed once the queue is closed. The queue is filled by the
-    event loop and drained by the training thread, which cannot wake a
-    coroutine cheaply; a short poll (1 ms growing to 20 ms) is the wake-up,
-    only while the queue is full."""
+async def poll_until(done, *, give_up=lambda: False, first_wait: float = 0.001,
+                     longest_wait: float = 0.02) -> bool:
+    """Waits on the event loop until `done()` (returns True), or returns False
+    as soon as `give_up()` is true. The queue is filled by the event loop and
+    drained by the training thread, which cannot wake a coroutine cheaply; a
+    short poll (1 ms growing to 20 ms) is the wake-up, only while waiting.
+    Waiting on the loop (not in an executor thread) keeps the wait
+    cancellable (a closed stream) and leaves the executor to other RPCs'
+    work (parameter pulls)."""
     wait = first_wait
-    while not queue.try_put(chunk):
+    while not done():
         if give_up():
             return False
         await asyncio.sleep(wait)
         wait = min(longest_wait, wait * 2)
     return True
+
+
+async def put_when_room(queue: UnrollQueue, chunk: dict[str, np.ndarray], *, give_up=lambda: False) -> bool:
+    """Puts `chunk` once `queue` has room (`poll_until`); returns False,
+    without putting, as soon as `give_up()` is true; raises QueueClosed once
+    the queue is closed."""
+    return await poll_until(lambda: queue.try_put(chunk), give_up=give_up)
 
 
 def _count(chunk: dict[str, np.ndarray]) -> int:
