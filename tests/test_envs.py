@@ -323,7 +323,7 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
 @pytest.mark.parametrize("agent, extra", [
     ("vtrace", []),
     ("r2d2", ["--r2d2.min-replay-size", "4", "--r2d2.batch-size", "4", "--r2d2.burn-in", "4",
-              "--r2d2.trace-length", "8", "--r2d2.n-step", "3"]),
+              "--r2d2.trace-length", "8", "--r2d2.n-step", "3", "--r2d2.replay-ratio", "1"]),
 ])
 def test_pong_runs_end_to_end(tmp_path, agent, extra):
     """Real ALE frames through actor processes, the server (frame stacking on the
