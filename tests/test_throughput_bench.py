@@ -1,6 +1,8 @@
 """`seedq bench throughput`'s trained frames and bottleneck, and the unroll
 queue's drop_oldest rule that keeps inference from waiting on training."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,14 @@ def test_the_learner_builds_its_unroll_queue_with_the_configured_rule(tmp_path, 
         assert learner.queue.drop_oldest is drops and learner.inference.pace is paced
     finally:
         learner.stop()
+    # IMPALA actors push past the batch loop: their service paces the pushes.
+    config = dataclasses.replace(config, architecture="impala", logdir=str(tmp_path / "impala"))
+    config.validate()
+    learner = Learner(config, f"unix:{tmp_path}/i.sock")
+    try:
+        assert learner.queue.drop_oldest is drops and learner._make_service().pace is paced
+    finally:
+        learner.stop()
 
 
 @pytest.mark.unit
@@ -143,12 +153,11 @@ def test_an_impala_push_is_acknowledged_once_the_learner_has_drained_the_queue_t
     assert queue.pace_target() == 8
     queue.try_put(chunk(36))
     queue.try_put(chunk(32))  # this stream's push: 72 queued, acknowledged at 32 + 8 = 40
-    service = types.SimpleNamespace(paced_seconds=0.0)
     entry = types.SimpleNamespace(closed=False)
     backlog_at_ack = []
 
     async def push_and_train():
-        hold = asyncio.ensure_future(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
+        hold = asyncio.ensure_future(ImpalaLearnerService._hold_until_drained(queue, 32, entry))
         while not hold.done():
             await asyncio.sleep(0.01)
             if hold.done():
@@ -161,15 +170,14 @@ def test_an_impala_push_is_acknowledged_once_the_learner_has_drained_the_queue_t
 
     asyncio.run(push_and_train())
     assert backlog_at_ack == [40]
-    assert service.paced_seconds > 0
     # Under the target plus the push: acknowledged at once.
-    asyncio.run(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
+    asyncio.run(ImpalaLearnerService._hold_until_drained(queue, 32, entry))
     # A superseded run stops waiting.
     queue.try_put(chunk(100))
     from seedq.server.inference import RunSuperseded
     entry.closed = True
     with pytest.raises(RunSuperseded):
-        asyncio.run(ImpalaLearnerService._hold_until_drained(service, queue, 32, entry))
+        asyncio.run(ImpalaLearnerService._hold_until_drained(queue, 32, entry))
 
 
 @pytest.mark.unit

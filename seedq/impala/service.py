@@ -75,7 +75,6 @@ class ImpalaLearnerService(LearnerService):
         # server.queue_full pace: acknowledgements held while the learner
         # drains the queue (seedq.server.pacing.push_ack_backlog).
         self.pace = pace
-        self.paced_seconds = 0.0
         self.publisher = publisher
         self.config_json = config_json
         self.current_version = current_version  # () -> the learner's policy version
@@ -153,15 +152,13 @@ class ImpalaLearnerService(LearnerService):
         finally:
             table.release(entry)
 
-    async def _hold_until_drained(self, queue, pushed: int, entry) -> None:
+    @staticmethod
+    async def _hold_until_drained(queue, pushed: int, entry) -> None:
         """Holds a push's acknowledgement (and so its actor) until the
         learner has drained the queue to `push_ack_backlog`."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         drained = lambda: queue.closed or len(queue) <= push_ack_backlog(pushed, queue.pace_target())
         if not await poll_until(drained, give_up=lambda: entry.closed):
             raise RunSuperseded()
-        self.paced_seconds += loop.time() - started
 
     def connect_actor(self, handshake):
         """Registers an IMPALA actor in the env table (no inference slots of its own)."""
