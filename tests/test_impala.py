@@ -348,14 +348,17 @@ def test_a_superseded_impala_stream_is_aborted_at_its_next_push(full_queue_learn
 # --- real processes ---------------------------------------------------------------------
 
 
-def test_local_impala_int8_run_learns_cartpole(tmp_path):
+@pytest.mark.parametrize("queue_full", ["wait", "pace"])
+def test_local_impala_int8_run_learns_cartpole(tmp_path, queue_full):
     """`seedq train --architecture impala` with int8 actors: real learner and
     actor processes; a random policy scores ~22, the target of 150 needs learning.
-    Bounded by frames, not seconds."""
+    Bounded by frames, not seconds. `pace` (the pixel envs' rule) holds the
+    pushes' acknowledgements (seedq.server.pacing.push_ack_backlog)."""
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--architecture", "impala", "--actor-precision", "int8", "--env", "CartPole-v1",
         "--target-return", "150", "--max-frames", "1500000", "--max-seconds", "0",
+        "--server.queue-full", queue_full,
         "--eval-episodes", "2", "--logdir", str(logdir), "--quiet", timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
