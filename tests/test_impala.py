@@ -454,8 +454,10 @@ def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
     monkeypatch.setenv("SEEDQ_COMPARE_RESULTS", str(committed))
     before = {p: p.read_bytes() for p in committed.glob("*/*") if p.is_file()}
     outputs, text = run_notebook("impala_vs_seed.ipynb")
-    # The small run's 4 plots, then 3 for each committed sitting, redrawn from copies.
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 4 + 3 * len(sittings)
+    # The small run's 5 plots (its checkpoints are evaluated), then 3 for each committed sitting,
+    # redrawn from copies, and a fourth, the evaluated checkpoints, for each learning-parity sitting.
+    parity = [name for name in sittings if (committed / name / "evaluations.csv").exists()]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5 + 3 * len(sittings) + len(parity)
     for name in sittings:
         assert f"\n{name}:\n" in text
     # The small run's table and the MinAtar sitting's; Pong's sitting.
