@@ -231,7 +231,7 @@ def test_a_suite_stopped_after_a_run_finished_keeps_that_runs_results(tmp_path, 
     out.mkdir()
     (out / "random.json").write_text(json.dumps({"CartPole-v1": {"mean": 20.0, "episodes": 5}}))
 
-    def first_finishes_then_stop(jobs, max_running, *, on_start, on_finish):
+    def first_finishes_then_stop(jobs, max_running, *, on_start, on_finish, on_progress):
         config = jobs[0].payload
         on_start(jobs[0])
         os.makedirs(config.logdir)
@@ -302,6 +302,48 @@ def test_run_jobs_stops_a_job_past_its_time_limit_and_kills_it_if_it_hangs_on(tm
         compare.run_jobs([job], 1, on_start=lambda j: None, on_finish=finished.append, poll_seconds=0.05)
     assert (tmp_path / "hung.term").read_text() == "term"  # asked to stop first
     assert finished == []  # then killed: no clean exit
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(60)
+def test_run_jobs_reports_a_training_jobs_progress_from_its_own_stats(tmp_path):
+    """Each progress tick reads the running job's stats.json; the one an earlier
+    attempt left (another pid) is not reported, the job's own frames are, with
+    the rate between two ticks."""
+    from seedq.bench import jobs
+
+    config = TrainConfig(logdir=str(tmp_path / "run"), max_frames=100_000)
+    os.makedirs(config.logdir)
+    stats = os.path.join(config.logdir, "stats.json")
+    with open(stats, "w") as f:
+        json.dump({"pid": 1, "frames": 77_777, "mean_return": 1.0}, f)  # an earlier attempt's
+    child = ("import json, os, time\n"
+             "time.sleep(0.6)\n"
+             "for i in range(1, 11):\n"
+             "    tmp = %r + '.tmp'\n"
+             "    json.dump({'pid': os.getpid(), 'frames': 5000 * i, 'mean_return': 0.5 * i}, open(tmp, 'w'))\n"
+             "    os.replace(tmp, %r)\n"
+             "    time.sleep(0.1)\n" % (stats, stats))
+    job = jobs.Job([sys.executable, "-c", child], str(tmp_path / "run.log"), "[1/1] run", payload=config)
+    lines: list[str] = []
+    jobs.run_jobs([job], 1, on_start=lambda j: None, on_finish=lambda j: None, poll_seconds=0.02,
+                  on_progress=jobs.training_progress(lines.append), progress_seconds=0.25)
+    assert lines, "no progress line while the job ran"
+    assert not any("77,777" in line for line in lines)
+    assert all(line.startswith("[1/1] run: ") and "of 100,000 frames, mean return" in line for line in lines)
+    assert any("frames/s, about" in line and "min left" in line for line in lines[1:])
+
+
+@pytest.mark.unit
+def test_progress_line_gives_the_budget_the_rate_and_the_time_left():
+    from seedq.bench.jobs import progress_line
+
+    stats = {"frames": 1_200_000, "mean_return": 14.336}
+    assert progress_line("[2/12] seed-int8 seed 0", stats, 5_000_000, 6_333.0) == (
+        "[2/12] seed-int8 seed 0: 1,200,000 of 5,000,000 frames, mean return 14.34, 6,333 frames/s, "
+        "about 10 min left")
+    assert progress_line("r", {"frames": 10}, 0, None) == "r: 10 frames"
+    assert progress_line("r", {"frames": 10, "mean_return": None}, 100, 0.0) == "r: 10 of 100 frames"
 
 
 @pytest.mark.unit

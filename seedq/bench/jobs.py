@@ -63,6 +63,10 @@ def _first_stop_passed_on(pass_on):
 # running this long after that is killed.
 KILL_AFTER_SECONDS = 60.0
 
+# How often a running training job reports its progress: often enough to see an
+# hours-long comparison move, rare enough that its output stays readable.
+PROGRESS_EVERY_SECONDS = 60.0
+
 
 @dataclasses.dataclass
 class Job:
@@ -77,7 +81,8 @@ class Job:
     timeout_seconds: float | None = None
 
 
-def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_seconds: float = 0.2) -> None:
+def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_seconds: float = 0.2,
+             on_progress=None, progress_seconds: float = PROGRESS_EVERY_SECONDS) -> None:
     """Runs `jobs` as child processes, at most `max_running` at once, in order.
 
     Each child runs in a process group of its own with its output in its
@@ -89,7 +94,8 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     so does a job past its `timeout_seconds`. `on_start(job)` and
     `on_finish(job)` (exit 0, or after a stop the exit status of a stopped
     `seedq train`: 143 for SIGTERM, 130 for SIGINT, with stop_reason
-    "terminated") are called in this thread.
+    "terminated") are called in this thread, and so is `on_progress(job, pid)`
+    for every running job each `progress_seconds`.
     (A process pool of the standard library would run Python callables, not
     commands with their own process groups and this stop protocol.)
     """
@@ -135,6 +141,7 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
     def may_start() -> bool:
         return bool(pending) and not received and not failed
 
+    next_progress = time.monotonic() + progress_seconds
     with _first_stop_passed_on(stop_all) as received:  # `received` is read by reap and may_start
         try:
             while running or may_start():
@@ -145,7 +152,12 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
                 time.sleep(poll_seconds)
                 for proc in [p for p in running if p.poll() is not None]:
                     reap(proc)
-                stop_overdue(time.monotonic())
+                now = time.monotonic()
+                stop_overdue(now)
+                if on_progress is not None and now >= next_progress and not received:
+                    next_progress = now + progress_seconds
+                    for proc, (job, _, _) in list(running.items()):
+                        on_progress(job, proc.pid)
         except BaseException:
             stop_all(signal.SIGTERM)  # no child is left training on its own
             raise
@@ -157,6 +169,45 @@ def run_jobs(jobs: list[Job], max_running: int, *, on_start, on_finish, poll_sec
         with open(job.log_path) as f:
             tail = f.read()[-2000:].strip()
         raise RuntimeError(f"{job.what} {why}: {tail}")
+
+
+def progress_line(what: str, stats: dict, max_frames: int, frames_per_second: float | None) -> str:
+    """One line on a running `seedq train` job from its stats.json: frames (of
+    `max_frames` where set), the mean return of its last episodes, and frames/s
+    since the previous line with the time left at that rate."""
+    frames = int(stats.get("frames") or 0)
+    parts = [f"{frames:,} of {max_frames:,} frames" if max_frames else f"{frames:,} frames"]
+    if stats.get("mean_return") is not None:
+        parts.append(f"mean return {stats['mean_return']:.2f}")
+    if frames_per_second:
+        parts.append(f"{frames_per_second:,.0f} frames/s")
+        if max_frames and frames < max_frames:
+            parts.append(f"about {(max_frames - frames) / frames_per_second / 60:.0f} min left")
+    return f"{what}: " + ", ".join(parts)
+
+
+def training_progress(log) -> typing.Callable[[Job, int], None]:
+    """An `on_progress` for `run_jobs`: logs `progress_line` for each job whose
+    payload is a TrainConfig, from the stats.json its process (`pid`) wrote
+    (one left by an earlier attempt of a resumed run is not read as news)."""
+    seen: dict[str, tuple[float, int]] = {}  # job -> (when, frames) of its previous line
+
+    def report(job: Job, pid: int) -> None:
+        config = job.payload
+        if not isinstance(config, TrainConfig):
+            return
+        stats = read_json(os.path.join(config.logdir, "stats.json"))
+        if not stats or stats.get("pid") != pid:
+            return
+        now, frames = time.monotonic(), int(stats.get("frames") or 0)
+        rate = None
+        if job.what in seen:
+            then, frames_then = seen[job.what]
+            rate = (frames - frames_then) / (now - then) if now > then and frames > frames_then else None
+        seen[job.what] = (now, frames)
+        log(progress_line(job.what, stats, config.max_frames, rate))
+
+    return report
 
 
 def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
