@@ -201,6 +201,8 @@ def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
         if job.payload is None:
             log(f"{job.what}: {eval_episodes} episodes per kept checkpoint")
             return
+        log(f"{job.what}: training to {job.payload.max_frames:,} frames" if job.payload.max_frames
+            else f"{job.what}: training")
         meter = EnergyMeter(watts_per_core=watts_per_core, rapl_root=rapl_root).start()
         at_start[job.what] = (os.getloadavg()[0], os.times(), meter, time.monotonic())
 
