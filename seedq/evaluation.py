@@ -1,11 +1,12 @@
 """Policy evaluation and videos: `seedq eval` and the end-of-run evaluation.
 
 A policy (an agent plus its inference parameters) runs in this process on
-plain gymnasium envs, without gRPC: `episodes` envs stepped as one vector
-env and reset once with `seed` (gymnasium seeds env i with seed + i), each
-playing exactly one episode. Actions are *greedy* (the agent's most likely
-action) unless `sample=True`, which draws them from the policy with a PRNG
-key made from `seed`.
+plain gymnasium envs, without gRPC: up to EVAL_ENVS envs stepped as one
+vector env and reset once with `seed` (gymnasium seeds env i with seed + i).
+Each env plays one counted episode, and while fewer than `episodes` have
+started, an env whose episode ends starts the next one. Actions are
+*greedy* (the agent's most likely action) unless `sample=True`, which draws
+them from the policy with a PRNG key made from `seed`.
 
 The same parameters, env, seed and episode count give the same returns, bit
 for bit: the training run evaluates its final policy with `eval_episodes`
@@ -32,6 +33,15 @@ from seedq import checkpoint
 from seedq.quant.mode import InferencePrecision
 
 VIDEO_FORMATS = (".mp4", ".gif")
+# Envs stepped at once by `evaluate`: enough for a batch at which inference
+# is cheap per step, few enough that hundreds of episodes take turns on them
+# instead of all being stepped until the longest ends (and that hundreds of
+# Atari emulators need not be in memory at once).
+EVAL_ENVS = 64
+# An evaluation episode still running after this many agent steps ends there
+# with its return so far: MinAtar has no time limit, and a good greedy policy
+# may play on for very long (ALE ids end at 108k emulator frames on their own).
+MAX_EPISODE_STEPS = 100_000
 # A GIF keeps every frame in memory and plays at most ~50 fps; longer or
 # faster episodes keep every k-th frame.
 GIF_MAX_FPS = 25
@@ -46,6 +56,7 @@ class EvalResult:
     returns: list[float]
     lengths: list[int]
     truncated: int = 0  # episodes cut at `max_steps` (their return so far counted)
+    unplayed: int = 0  # episodes never started: every env was stuck in an episode cut at `max_steps`
 
     @property
     def mean(self) -> float:
@@ -69,6 +80,7 @@ class EvalResult:
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "truncated": self.truncated,
+            "unplayed": self.unplayed,
         }
 
     def line(self) -> str:
@@ -77,6 +89,8 @@ class EvalResult:
             f"{self.episodes} episodes of {self.env} (seed {self.seed}, {d['policy']} actions): "
             f"mean {d['mean']:.2f}  std {d['std']:.2f}  min {d['min']:.2f}  max {d['max']:.2f}  "
             f"(mean length {d['mean_length']:.1f})"
+            + (f"; {self.truncated} cut at the step limit with their return so far" if self.truncated else "")
+            + (f"; {self.unplayed} not played: every env was stuck past the step limit" if self.unplayed else "")
         )
 
 
@@ -130,40 +144,74 @@ class RandomPolicy:
 
 def evaluate(
     policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions(),
-    max_steps: int | None = None,
+    max_steps: int | None = MAX_EPISODE_STEPS, num_envs: int = EVAL_ENVS,
 ) -> EvalResult:
-    """Plays `episodes` episodes (one per env of a vector env) and returns their returns.
-    `max_steps`: an episode still running after that many steps ends there, with
-    its return so far (for envs without a time limit of their own, where a good
-    greedy policy may play on indefinitely; `truncated` counts them)."""
+    """Plays `episodes` episodes on min(episodes, num_envs) envs and returns
+    their returns, in the order the episodes started (env order first).
+
+    An env whose episode ends starts another while fewer than `episodes` have
+    started; the evaluation ends when every started episode has ended. Which
+    episodes are counted depends only on the episodes that ended before they
+    started, never on their own outcome, so the mean is an unbiased estimate
+    (counting the first `episodes` to *end* would favour short episodes).
+    `max_steps` (None: no limit): an episode still running after that many
+    steps ends there, with its return so far (for envs without a time limit
+    of their own, where a good greedy policy may play on indefinitely;
+    `truncated` counts them).
+    Its env plays that episode on uncounted (not every vector env can reset
+    one of its envs alone) and starts a counted one when it ends; should every
+    env be so stuck for another `max_steps` steps, the evaluation ends with the
+    episodes it has (`unplayed` says how many fewer)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    env = make_vector_env(env_id, episodes, options=options)
-    returns = np.zeros(episodes, np.float64)
-    lengths = np.zeros(episodes, np.int64)
-    done = np.zeros(episodes, bool)  # each env's first episode is the one counted
-    so_far = np.zeros(episodes, np.float64)  # the running return of each first episode
-    steps = 0
+    if num_envs < 1:
+        raise ValueError(f"num_envs={num_envs}: must be >= 1")
+    n = min(episodes, num_envs)
+    env = make_vector_env(env_id, n, options=options, threads=_usable_cores())
+    played: list[tuple[int, float, int, bool]] = []  # (start index, return, length, cut at max_steps)
+    index = np.arange(n)  # the start index of each env's current episode; -1: not counted
+    started = n
+    so_far = np.zeros(n, np.float64)  # the running return and length of each env's current episode
+    length = np.zeros(n, np.int64)
     try:
         obs, _ = env.reset(seed=seed)
-        no = np.zeros(episodes, bool)
-        result = policy.start(episodes, seed).step(obs, np.zeros(episodes, np.float32), no, no)
-        while not done.all() and (max_steps is None or steps < max_steps):
+        no = np.zeros(n, bool)
+        result = policy.start(n, seed).step(obs, np.zeros(n, np.float32), no, no)
+        def stuck() -> bool:  # every env plays an uncounted episode cut over max_steps ago
+            return max_steps is not None and bool((length >= 2 * max_steps).all())
+
+        while (index >= 0).any() or (started < episodes and not stuck()):
             obs, rewards, terminated, truncated, _ = env.step(result.actions)
-            steps += 1
-            so_far[~done] += np.asarray(rewards, np.float64)[~done]
+            # An env that ended its episode last step resets on this one (next-step
+            # autoreset): reward 0, and the step is not one of the new episode's.
+            resetting = length < 0
+            so_far += np.asarray(rewards, np.float64)
+            length += 1
+            so_far[resetting], length[resetting] = 0.0, 0
             result = policy.step(obs, rewards, terminated, truncated)
-            new = ~done[result.ended_slots]
-            ended = result.ended_slots[new]
-            returns[ended], lengths[ended], done[ended] = result.ended_returns[new], result.ended_lengths[new], True
+            for slot, ret, steps in zip(result.ended_slots, result.ended_returns, result.ended_lengths):
+                if index[slot] >= 0:
+                    played.append((int(index[slot]), float(ret), int(steps), False))
+                index[slot], started = (started, started + 1) if started < episodes else (-1, started)
+                length[slot] = -1
+            if max_steps is not None:
+                for slot in np.flatnonzero((index >= 0) & (length >= max_steps)):
+                    played.append((int(index[slot]), float(so_far[slot]), int(length[slot]), True))
+                    index[slot] = -1
     finally:
         env.close()
-    cut = ~done
-    returns[cut], lengths[cut] = so_far[cut], steps
+    played.sort()
     return EvalResult(
-        env=env_id, episodes=episodes, seed=seed, greedy=policy.greedy,
-        returns=[float(r) for r in returns], lengths=[int(n) for n in lengths], truncated=int(cut.sum()),
+        env=env_id, episodes=len(played), seed=seed, greedy=policy.greedy,
+        returns=[r for _, r, _, _ in played], lengths=[k for _, _, k, _ in played],
+        truncated=sum(cut for *_, cut in played), unplayed=episodes - len(played),
     )
+
+
+def _usable_cores() -> int:
+    """The CPU cores this process may run on (the emulator threads of an
+    evaluation: it runs alone, so its envs may use them all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def record_video(

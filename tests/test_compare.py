@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from seedq.affinity import parse_cores, why_not_pinnable
@@ -160,3 +162,59 @@ def test_an_evaluation_cut_at_max_steps_counts_each_episodes_return_so_far():
     assert full.truncated == 0 and min(full.lengths) > 5  # random CartPole episodes outlast 5 steps
     # CartPole pays 1 per step: each episode cut at 5 steps has returned 5 so far.
     assert (cut.truncated, cut.returns, cut.lengths) == (4, [5.0] * 4, [5] * 4)
+
+
+@pytest.mark.unit
+def test_an_evaluation_with_more_episodes_than_envs_counts_every_episode_it_started():
+    from seedq.envs import env_spec
+    from seedq.evaluation import RandomPolicy, evaluate
+
+    policy = RandomPolicy(env_spec("CartPole-v1"))
+    first = evaluate(policy, "CartPole-v1", 3, seed=5, num_envs=3)
+    more = evaluate(policy, "CartPole-v1", 11, seed=5, num_envs=3)
+    assert len(more.returns) == len(more.lengths) == 11 and more.truncated == 0
+    # CartPole pays 1 per step: a return is its episode's length, reset step excluded.
+    assert more.returns == [float(n) for n in more.lengths]
+    # Episodes are listed in the order they started, the envs' first episodes
+    # first: those are the same episodes a one-episode-per-env evaluation plays,
+    # long ones included (counting the first 11 to end would drop them).
+    assert more.returns[:3] == first.returns
+
+
+class _FixedLength(gym.Env):
+    """Episodes of exactly `length` steps, reward 1 per step."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("length, played", [(8, 6), (30, 2)])
+def test_an_env_whose_counted_episode_was_cut_counts_the_next_one_unless_it_stays_stuck(length, played):
+    from seedq.envs import env_spec
+    from seedq.evaluation import RandomPolicy, evaluate
+
+    env_id = f"FixedLength{length}-v0"
+    gym.register(env_id, entry_point=lambda: _FixedLength(length))
+    try:
+        result = evaluate(RandomPolicy(env_spec(env_id)), env_id, 6, seed=3, num_envs=2, max_steps=5)
+    finally:
+        gym.registry.pop(env_id)
+    # Each episode is cut at 5 with 5 so far. Its env plays it on uncounted: at
+    # length 8 it ends 3 steps later and the env starts a counted one (six in
+    # all); at 30 both envs are still in it 5 steps after the cut, so the
+    # evaluation stops with the two it has.
+    assert (result.truncated, result.returns, result.lengths) == (played, [5.0] * played, [5] * played)
+    assert (result.episodes, result.unplayed) == (played, 6 - played)

@@ -29,13 +29,6 @@ from seedq.config import TrainConfig
 
 EVALUATIONS = "evaluations.json"
 RANDOM_SEED = 10_000  # env seeds of the random-policy episodes (apart from eval_seed's)
-# Episodes played at once (one vector env each): bounds memory on Atari,
-# where hundreds of emulators at once would take gigabytes.
-EVAL_CHUNK = 100
-# An evaluation episode still running after this many agent steps ends there
-# with its return so far: MinAtar has no time limit, and a good greedy policy
-# may play on for very long (ALE ids end at 108k emulator frames on their own).
-EVAL_MAX_STEPS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +110,7 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
     saving after each; returns them all."""
     from seedq import checkpoint
     from seedq.config import load as load_config
-    from seedq.evaluation import load_policy
+    from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
 
     done = read_evaluations(run_dir)
     precision = acting_precision(load_config(os.path.join(run_dir, "config.json")))
@@ -126,32 +119,21 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
         if name in done and done[name]["episodes"] >= episodes:
             continue
         loaded = load_policy(step_dir, precision=precision)
-        returns, truncated = evaluate_in_chunks(loaded.policy, loaded.config, episodes, seed)
+        result = evaluate(loaded.policy, loaded.config.env, episodes, seed, loaded.config.env_options)
+        returns, truncated = result.returns, result.truncated
+        if result.unplayed:
+            log(f"{run_dir}: {name}: {result.unplayed} of {episodes} episodes not played: every env was stuck "
+                f"in an episode cut at {MAX_EPISODE_STEPS:,} steps")
         done[name] = {
             "frames": loaded.counters.get("frames"), "train_steps": loaded.counters.get("train_steps"),
-            "episodes": episodes, "seed": seed, "precision": precision, "max_steps": EVAL_MAX_STEPS,
+            "episodes": episodes, "seed": seed, "precision": precision, "max_steps": MAX_EPISODE_STEPS,
+            "envs": min(episodes, EVAL_ENVS), "unplayed": result.unplayed,
             "truncated": truncated, "mean": sum(returns) / len(returns), "returns": returns,
         }
         log(f"{run_dir}: {name} ({done[name]['frames']:,} frames): mean {done[name]['mean']:.2f} "
             f"over {episodes} episodes")
         _write_json(os.path.join(run_dir, EVALUATIONS), done)
     return done
-
-
-def evaluate_in_chunks(policy, config: TrainConfig, episodes: int, seed: int) -> tuple[list[float], int]:
-    """Returns of `episodes` episodes, env i reset with seed + i as in one
-    `seedq.evaluation.evaluate` call, played EVAL_CHUNK at a time, and how many
-    were cut at EVAL_MAX_STEPS."""
-    from seedq.evaluation import evaluate
-
-    returns: list[float] = []
-    truncated = 0
-    for start in range(0, episodes, EVAL_CHUNK):
-        n = min(EVAL_CHUNK, episodes - start)
-        result = evaluate(policy, config.env, n, seed + start, config.env_options, max_steps=EVAL_MAX_STEPS)
-        returns += result.returns
-        truncated += result.truncated
-    return returns, truncated
 
 
 def _write_json(path: str, value: dict) -> None:

@@ -95,7 +95,7 @@ class TrainConfig:
     eval_episodes: int = 10
     # Also evaluate every this many seconds during training; 0: only at the end.
     eval_every_seconds: float = 0.0
-    # Eval env i is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
+    # Eval env i (of up to 64) is reset with seed eval_seed + i; `seedq eval` reproduces the numbers.
     eval_seed: int = 1000
     # IMPALA mode (architecture=impala): each actor pulls the policy parameters
     # after every this many unrolls (all of an actor's envs finish one together).

@@ -182,9 +182,11 @@ def _vector_like(space: gym.spaces.Space) -> bool:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, seed: int | None = None, options: EnvOptions = EnvOptions()
+    env_id: str, num_envs: int, seed: int | None = None, options: EnvOptions = EnvOptions(), threads: int = 1
 ) -> gym.vector.VectorEnv:
     """A gymnasium vector env of `num_envs` copies of `env_id` (next-step autoreset).
+    `threads`: the emulator threads of an Atari vector env (other envs step in
+    this thread).
 
     Uses the env's own vectorised implementation when it has one (CartPole's
     numpy vector env steps ~8x faster than a loop of single envs; ALE's runs
@@ -194,7 +196,7 @@ def make_vector_env(
     """
     kind = env_kind(env_id)
     if kind == "atari":
-        env = _make_atari_vector(env_id, num_envs, options.atari)
+        env = _make_atari_vector(env_id, num_envs, options.atari, threads)
     elif kind in ("dmc", "factory"):
         env = gym.vector.SyncVectorEnv([lambda: make_env(env_id, options) for _ in range(num_envs)])
     else:
@@ -271,15 +273,16 @@ def _atari_game(env_id: str) -> str:
     return kwargs["game"]
 
 
-def _make_atari_vector(env_id: str, num_envs: int, atari: AtariConfig) -> gym.vector.VectorEnv:
+def _make_atari_vector(env_id: str, num_envs: int, atari: AtariConfig, threads: int = 1) -> gym.vector.VectorEnv:
     """ale_py's vector env emitting single frames [N, H, W] (stack 1, no reward clipping)."""
     from ale_py.vector_env import AtariVectorEnv
 
     env = AtariVectorEnv(
         _atari_game(env_id),
         num_envs,
-        # One emulator thread per actor process: actors are the unit of parallelism.
-        num_threads=1,
+        # One emulator thread per actor process (the default): actors are the
+        # unit of parallelism; an evaluation, alone on its machine, takes more.
+        num_threads=threads,
         frameskip=atari.frame_skip,
         maxpool=atari.max_pool,
         noop_max=atari.noop_max,
