@@ -144,7 +144,7 @@ class RandomPolicy:
 
 def evaluate(
     policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions(),
-    max_steps: int | None = MAX_EPISODE_STEPS, num_envs: int = EVAL_ENVS,
+    max_steps: int | None = MAX_EPISODE_STEPS, num_envs: int = EVAL_ENVS, on_episode=None,
 ) -> EvalResult:
     """Plays `episodes` episodes on min(episodes, num_envs) envs and returns
     their returns, in the order the episodes started (env order first).
@@ -161,7 +161,10 @@ def evaluate(
     Its env plays that episode on uncounted (not every vector env can reset
     one of its envs alone) and starts a counted one when it ends; should every
     env be so stuck for another `max_steps` steps, the evaluation ends with the
-    episodes it has (`unplayed` says how many fewer)."""
+    episodes it has (`unplayed` says how many fewer).
+    `on_episode(ended, mean)`, if given, is called as each counted episode
+    ends, with how many have and the mean of their returns (for progress
+    lines: short episodes end first, so it is no estimate until the end)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     if num_envs < 1:
@@ -192,6 +195,8 @@ def evaluate(
             for slot, ret, steps in zip(result.ended_slots, result.ended_returns, result.ended_lengths):
                 if index[slot] >= 0:
                     played.append((int(index[slot]), float(ret), int(steps), False))
+                    if on_episode is not None:
+                        on_episode(len(played), sum(r for _, r, _, _ in played) / len(played))
                 index[slot], started = (started, started + 1) if started < episodes else (-1, started)
                 length[slot] = -1
             if max_steps is not None:

@@ -181,6 +181,18 @@ def test_an_evaluation_with_more_episodes_than_envs_counts_every_episode_it_star
     assert more.returns[:3] == first.returns
 
 
+@pytest.mark.unit
+def test_an_evaluation_reports_each_counted_episode_as_it_ends():
+    from seedq.envs import env_spec
+    from seedq.evaluation import RandomPolicy, evaluate
+
+    calls = []
+    result = evaluate(RandomPolicy(env_spec("CartPole-v1")), "CartPole-v1", 7, seed=2, num_envs=3,
+                      on_episode=lambda ended, mean: calls.append((ended, mean)))
+    assert [ended for ended, _ in calls] == list(range(1, 8))
+    assert calls[-1][1] == pytest.approx(result.mean)
+
+
 class _FixedLength(gym.Env):
     """Episodes of exactly `length` steps, reward 1 per step."""
 

@@ -327,11 +327,29 @@ def test_run_jobs_reports_a_training_jobs_progress_from_its_own_stats(tmp_path):
     job = jobs.Job([sys.executable, "-c", child], str(tmp_path / "run.log"), "[1/1] run", payload=config)
     lines: list[str] = []
     jobs.run_jobs([job], 1, on_start=lambda j: None, on_finish=lambda j: None, poll_seconds=0.02,
-                  on_progress=jobs.training_progress(lines.append), progress_seconds=0.25)
+                  on_progress=jobs.job_progress(lines.append), progress_seconds=0.25)
     assert lines, "no progress line while the job ran"
     assert not any("77,777" in line for line in lines)
     assert all(line.startswith("[1/1] run: ") and "of 100,000 frames, mean return" in line for line in lines)
     assert any("frames/s, about" in line and "min left" in line for line in lines[1:])
+
+
+@pytest.mark.e2e
+def test_run_jobs_relays_the_newest_whole_line_of_another_jobs_log_once(tmp_path):
+    # An evaluation job: no stats.json, its progress is the last line it printed.
+    from seedq.bench import jobs
+
+    child = ("import sys, time\n"
+             "print('step_1: 10 of 500 episodes ended', flush=True); time.sleep(1.0)\n"
+             "print('step_1: 70 of 500 episodes ended', flush=True)\n"
+             "sys.stdout.write('step_1: 9'); sys.stdout.flush(); time.sleep(1.0)\n")
+    job = jobs.Job([sys.executable, "-c", child], str(tmp_path / "run.eval.log"), "[1/1] run evaluation")
+    lines: list[str] = []
+    jobs.run_jobs([job], 1, on_start=lambda j: None, on_finish=lambda j: None, poll_seconds=0.02,
+                  on_progress=jobs.job_progress(lines.append), progress_seconds=0.25)
+    # Each line once, as it was the newest, and never the line still being written.
+    assert lines == ["[1/1] run evaluation: step_1: 10 of 500 episodes ended",
+                     "[1/1] run evaluation: step_1: 70 of 500 episodes ended"]
 
 
 @pytest.mark.unit

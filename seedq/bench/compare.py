@@ -45,7 +45,7 @@ from seedq.bench import compare_rows, parity
 from seedq.bench.energy import POWERCAP_ROOT, EnergyMeter
 # The job runner, under the names it had here (seedq.bench.suite and the tests use them).
 from seedq.bench.jobs import (  # noqa: F401
-    Job, Stopped, finished, resume_args, run_jobs, train_command, training_progress,
+    Job, Stopped, finished, resume_args, run_jobs, train_command, job_progress,
 )
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
@@ -228,7 +228,7 @@ def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
             f"load {load_avg:.1f}")
         report(out, runs, grams_co2_per_kwh)  # partial results survive a crash
 
-    run_jobs(jobs, 1, on_start=started, on_finish=ended, on_progress=training_progress(log))
+    run_jobs(jobs, 1, on_start=started, on_finish=ended, on_progress=job_progress(log))
     return report(out, runs, grams_co2_per_kwh)
 
 

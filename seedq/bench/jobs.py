@@ -186,15 +186,21 @@ def progress_line(what: str, stats: dict, max_frames: int, frames_per_second: fl
     return f"{what}: " + ", ".join(parts)
 
 
-def training_progress(log) -> typing.Callable[[Job, int], None]:
+def job_progress(log) -> typing.Callable[[Job, int], None]:
     """An `on_progress` for `run_jobs`: logs `progress_line` for each job whose
     payload is a TrainConfig, from the stats.json its process (`pid`) wrote
-    (one left by an earlier attempt of a resumed run is not read as news)."""
+    (one left by an earlier attempt of a resumed run is not read as news);
+    for any other job, the last line of its log when it is a new one."""
     seen: dict[str, tuple[float, int]] = {}  # job -> (when, frames) of its previous line
+    last_lines: dict[str, str] = {}
 
     def report(job: Job, pid: int) -> None:
         config = job.payload
         if not isinstance(config, TrainConfig):
+            line = last_line(job.log_path)
+            if line and line != last_lines.get(job.what):
+                last_lines[job.what] = line
+                log(f"{job.what}: {line}")
             return
         stats = read_json(os.path.join(config.logdir, "stats.json"))
         if not stats or stats.get("pid") != pid:
@@ -208,6 +214,18 @@ def training_progress(log) -> typing.Callable[[Job, int], None]:
         log(progress_line(job.what, stats, config.max_frames, rate))
 
     return report
+
+
+def last_line(path: str, tail_bytes: int = 4096) -> str:
+    """The last complete line of the text file at `path` ("" if none yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = text.split("\n")[:-1]  # the text after the last newline is still being written
+    return lines[-1].strip() if lines else ""
 
 
 def train_command(config: TrainConfig, extra_args: tuple[str, ...] = ()) -> list[str]:

@@ -104,10 +104,12 @@ def read_evaluations(run_dir: str) -> dict[str, dict]:
     return read_json(os.path.join(run_dir, EVALUATIONS)) or {}
 
 
-def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> dict[str, dict]:
+def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
+                         progress_seconds: float = 60.0) -> dict[str, dict]:
     """Evaluates every checkpoint of `run_dir` missing from its evaluations.json
     (greedy, `episodes` episodes from env seed `seed`, at the acting precision),
-    saving after each; returns them all."""
+    saving after each; returns them all. Logs how far each has got every
+    `progress_seconds` (500 Pong episodes take many minutes)."""
     from seedq import checkpoint
     from seedq.config import load as load_config
     from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
@@ -119,7 +121,10 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
         if name in done and done[name]["episodes"] >= episodes:
             continue
         loaded = load_policy(step_dir, precision=precision)
-        result = evaluate(loaded.policy, loaded.config.env, episodes, seed, loaded.config.env_options)
+        result = evaluate(loaded.policy, loaded.config.env, episodes, seed, loaded.config.env_options,
+                          on_episode=_every(progress_seconds, lambda ended, mean: log(
+                              f"{name} ({loaded.counters.get('frames'):,} frames): {ended} of {episodes} "
+                              f"episodes ended, mean so far {mean:.2f}")))
         returns, truncated = result.returns, result.truncated
         if result.unplayed:
             log(f"{run_dir}: {name}: {result.unplayed} of {episodes} episodes not played: every env was stuck "
@@ -134,6 +139,19 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print) -> d
             f"over {episodes} episodes")
         _write_json(os.path.join(run_dir, EVALUATIONS), done)
     return done
+
+
+def _every(seconds: float, call):
+    """`call`, passed on at most once every `seconds` (the first time after `seconds`)."""
+    last = time.monotonic()
+
+    def throttled(*args) -> None:
+        nonlocal last
+        if time.monotonic() - last >= seconds:
+            last = time.monotonic()
+            call(*args)
+
+    return throttled
 
 
 def _write_json(path: str, value: dict) -> None:

@@ -148,7 +148,7 @@ def run(base_for: Callable[[str], TrainConfig], envs: list[str], seeds: int, out
         # Kept current run by run: a suite stopped or failed later still leaves the finished runs' table.
         report(plan, randoms, out)
 
-    compare.run_jobs(todo, jobs, on_start=started, on_finish=ended, on_progress=jobs_lib.training_progress(log))
+    compare.run_jobs(todo, jobs, on_start=started, on_finish=ended, on_progress=jobs_lib.job_progress(log))
     return report(plan, randoms, out)
 
 

@@ -23,7 +23,8 @@ def add_parsers(sub) -> None:
         "codecarbon's estimate, else a CPU-seconds model: the energy_source column says which), "
         "OUT/curves.csv, OUT/summary.md and PNG plots. A rerun with the same flags skips finished "
         "runs and continues unfinished ones from their last checkpoint. The running run prints a "
-        "progress line a minute (frames, mean return, frames/s, time left).",
+        "progress line a minute (frames, mean return, frames/s, time left; while evaluating, the "
+        "episodes ended so far).",
         formatter_class=HelpFormatter,
     )
     add_config_flags(compare)
