@@ -178,9 +178,9 @@ def test_max_pooling_takes_the_brighter_of_the_last_two_frames():
 
 
 def _actor_and_eval_atari(atari: AtariConfig):
-    """The two ways seedq builds ALE/Pong-v5: the actors' vector env (ale_py's C++
-    preprocessing) and the single env of `seedq eval` and its videos (gymnasium's
-    AtariPreprocessing over the raw ALE env)."""
+    """The two ways seedq builds ALE/Pong-v5: the vector env of the actors and of
+    evaluations (ale_py's C++ preprocessing) and the single env of videos
+    (gymnasium's AtariPreprocessing over the raw ALE env)."""
     options = EnvOptions(atari=atari)
     return make_vector_env("ALE/Pong-v5", 1, options=options), make_env("ALE/Pong-v5", options)
 
@@ -214,10 +214,10 @@ def test_actor_and_eval_atari_envs_have_the_spec_and_truncate_at_the_same_step()
 
 @pytest.mark.unit
 @pytest.mark.xfail(strict=True, reason=(
-    "the actors' ale_py vector env and gymnasium's AtariPreprocessing (seedq eval, videos) "
-    "do not produce the same frames: the reset frame differs in 4 pixels and while the paddle "
-    "moves (RIGHT/LEFT) 6-18 pixels differ per step until it stops, so eval sees other "
-    "observations than training; the action meanings are the same (NOOP/FIRE steps match)"))
+    "the actors' ale_py vector env (also evaluations') and gymnasium's AtariPreprocessing "
+    "(videos) do not produce the same frames: the reset frame differs in 4 pixels and while the "
+    "paddle moves (RIGHT/LEFT) 6-18 pixels differ per step until it stops, so a video's policy "
+    "sees other observations than training; the action meanings are the same (NOOP/FIRE steps match)"))
 def test_actor_and_eval_atari_frames_are_identical_under_play():
     vec, single = _actor_and_eval_atari(EXACT)
     try:
