@@ -160,11 +160,11 @@ def evaluate(
     `max_steps` (None: no limit): an episode still running after that many
     steps ends there, with its return so far (for envs without a time limit
     of their own, where a good greedy policy may play on indefinitely;
-    `truncated` counts them).
-    Its env plays that episode on uncounted (not every vector env can reset
-    one of its envs alone) and starts a counted one when it ends; should every
-    env be so stuck for another `max_steps` steps, the evaluation ends with the
-    episodes it has (`unplayed` says how many fewer).
+    `truncated` counts them). Its env plays that episode on uncounted (not
+    every vector env can reset one of its envs alone) and starts a counted one
+    when it ends; should every env be so stuck for another `max_steps` steps,
+    the evaluation ends with the episodes it has (`unplayed` says how many
+    fewer).
     `on_episode(ended, mean)`, if given, is called as each counted episode
     ends, with how many have and the mean of their returns (for progress
     lines: short episodes end first, so it is no estimate until the end)."""
@@ -179,13 +179,15 @@ def evaluate(
     started = n
     so_far = np.zeros(n, np.float64)  # the running return and length of each env's current episode
     length = np.zeros(n, np.int64)
+    total = 0.0  # of the counted returns so far
+
+    def stuck() -> bool:  # every env plays an uncounted episode cut over max_steps ago
+        return max_steps is not None and bool((length >= 2 * max_steps).all())
+
     try:
         obs, _ = env.reset(seed=seed)
         no = np.zeros(n, bool)
         result = policy.start(n, seed).step(obs, np.zeros(n, np.float32), no, no)
-        def stuck() -> bool:  # every env plays an uncounted episode cut over max_steps ago
-            return max_steps is not None and bool((length >= 2 * max_steps).all())
-
         while (index >= 0).any() or (started < episodes and not stuck()):
             obs, rewards, terminated, truncated, _ = env.step(result.actions)
             # An env that ended its episode last step resets on this one (next-step
@@ -198,8 +200,9 @@ def evaluate(
             for slot, ret, steps in zip(result.ended_slots, result.ended_returns, result.ended_lengths):
                 if index[slot] >= 0:
                     played.append((int(index[slot]), float(ret), int(steps), False))
+                    total += float(ret)
                     if on_episode is not None:
-                        on_episode(len(played), sum(r for _, r, _, _ in played) / len(played))
+                        on_episode(len(played), total / len(played))
                 index[slot], started = (started, started + 1) if started < episodes else (-1, started)
                 length[slot] = -1
             if max_steps is not None:
