@@ -21,6 +21,11 @@ def parse_cores(text: str, name: str = "actor_cores") -> set[int]:
     return cores
 
 
+def usable_cores() -> int:
+    """How many CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def why_not_pinnable(text: str) -> str | None:
     """None where this process could pin itself to the cores in `text`; else
     why not (another OS, a core it may not use)."""

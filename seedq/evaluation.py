@@ -147,7 +147,7 @@ class RandomPolicy:
 
 def evaluate(
     policy: "Policy | RandomPolicy", env_id: str, episodes: int, seed: int, options: EnvOptions = EnvOptions(),
-    max_steps: int | None = MAX_EPISODE_STEPS, num_envs: int = EVAL_ENVS, on_episode=None,
+    max_steps: int | None = MAX_EPISODE_STEPS, num_envs: int = EVAL_ENVS, on_episode=None, env_threads: int = 1,
 ) -> EvalResult:
     """Plays `episodes` episodes on min(episodes, num_envs) envs and returns
     their returns, in the order the episodes started (env order first).
@@ -167,13 +167,17 @@ def evaluate(
     fewer).
     `on_episode(ended, mean)`, if given, is called as each counted episode
     ends, with how many have and the mean of their returns (for progress
-    lines: short episodes end first, so it is no estimate until the end)."""
+    lines: short episodes end first, so it is no estimate until the end).
+    `env_threads`: the emulator threads of an Atari env; an evaluation that
+    has the machine to itself (`seedq eval`, a comparison's) gives it
+    `seedq.affinity.usable_cores()`, one during training leaves the cores to
+    the actors."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     if num_envs < 1:
         raise ValueError(f"num_envs={num_envs}: must be >= 1")
     n = min(episodes, num_envs)
-    env = make_vector_env(env_id, n, options=options, threads=_usable_cores())
+    env = make_vector_env(env_id, n, options=options, threads=env_threads)
     played: list[tuple[int, float, int, bool]] = []  # (start index, return, length, cut at max_steps)
     index = np.arange(n)  # the start index of each env's current episode; -1: not counted
     started = n
@@ -217,12 +221,6 @@ def evaluate(
         returns=[r for _, r, _, _ in played], lengths=[k for _, _, k, _ in played],
         truncated=sum(cut for *_, cut in played), unplayed=episodes - len(played),
     )
-
-
-def _usable_cores() -> int:
-    """The CPU cores this process may run on (the emulator threads of an
-    evaluation: it runs alone, so its envs may use them all)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def record_video(

@@ -111,6 +111,7 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
     saving after each; returns them all. Logs how far each has got every
     `progress_seconds` (500 Pong episodes take many minutes)."""
     from seedq import checkpoint
+    from seedq.affinity import usable_cores
     from seedq.config import load as load_config
     from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
 
@@ -122,7 +123,7 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
             continue
         loaded = load_policy(step_dir, precision=precision)
         result = evaluate(loaded.policy, loaded.config.env, episodes, seed, loaded.config.env_options,
-                          on_episode=_every(progress_seconds, lambda ended, mean: log(
+                          env_threads=usable_cores(), on_episode=_every(progress_seconds, lambda ended, mean: log(
                               f"{name} ({loaded.counters.get('frames'):,} frames): {ended} of {episodes} "
                               f"episodes ended, mean so far {mean:.2f}")))
         returns, truncated = result.returns, result.truncated

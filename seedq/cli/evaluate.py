@@ -7,6 +7,7 @@ import json
 import sys
 
 from seedq import config as config_lib
+from seedq.affinity import usable_cores
 from seedq.cli.common import HelpFormatter
 
 
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         config = loaded.config
         episodes = args.episodes if args.episodes is not None else (config.eval_episodes or 10)
         seed = args.seed if args.seed is not None else config.eval_seed
-        result = evaluation.evaluate(loaded.policy, config.env, episodes, seed, config.env_options)
+        result = evaluation.evaluate(loaded.policy, config.env, episodes, seed, config.env_options,
+                                     env_threads=usable_cores())  # alone on the machine
         video = evaluation.record_video(loaded.policy, config.env, args.video, seed, config.env_options) if args.video else None
     except (ValueError, OSError, RuntimeError) as e:
         print(f"seedq eval: {e}", file=sys.stderr)

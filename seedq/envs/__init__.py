@@ -281,7 +281,7 @@ def _make_atari_vector(env_id: str, num_envs: int, atari: AtariConfig, threads: 
         _atari_game(env_id),
         num_envs,
         # One emulator thread per actor process (the default): actors are the
-        # unit of parallelism; an evaluation, alone on its machine, takes more.
+        # unit of parallelism; an evaluation alone on its machine takes more.
         num_threads=threads,
         frameskip=atari.frame_skip,
         maxpool=atari.max_pool,
