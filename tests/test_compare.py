@@ -230,3 +230,17 @@ def test_an_env_whose_counted_episode_was_cut_counts_the_next_one_unless_it_stay
     # evaluation stops with the two it has.
     assert (result.truncated, result.returns, result.lengths) == (played, [5.0] * played, [5] * played)
     assert (result.episodes, result.unplayed) == (played, 6 - played)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("steps, chosen", [
+    # marks at 25,005 and 50,010; a SIGTERM's checkpoint at 40,936 between them is not evaluated
+    ([25005, 40936, 50010, 60000], [25005, 50010, 60000]),
+    # a stop before the first mark is not a mark either; the final save is kept wherever it falls
+    ([24000, 25003, 49992], [25003, 49992]),
+    ([12000], [12000]),
+])
+def test_a_comparison_evaluates_the_step_triggers_checkpoints_and_the_final_one_only(steps, chosen):
+    dirs = [f"run/checkpoints/step_{s:09d}" for s in steps]
+    assert parity.scheduled_checkpoints(dirs, 25000) == [f"run/checkpoints/step_{s:09d}" for s in chosen]
+    assert parity.scheduled_checkpoints(dirs, 0) == dirs

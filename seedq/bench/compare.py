@@ -17,7 +17,7 @@ plots, and the runs themselves under `runs/` (each with its own output
 beside it, `runs/<config>-seed<seed>.log`). Paths in the CSVs are relative.
 
 Each run keeps a checkpoint every `checkpoint_frames` env frames; after it
-the kept checkpoints are evaluated (seedq.bench.parity) and the row sets the
+those checkpoints and the final one are evaluated (seedq.bench.parity) and the row sets the
 final one's normalised score against the best's.
 
 Energy: RAPL counters where the kernel exposes them, else codecarbon's
@@ -81,7 +81,7 @@ def run_config(base: TrainConfig, name: str, seed: int, logdir: str,
                checkpoint_frames: int = CHECKPOINT_FRAMES) -> TrainConfig:
     """`base` with the fields set that configuration `name` changes, its seed and
     directory, a checkpoint kept every `checkpoint_frames` frames, and no
-    evaluation of its own (the comparison evaluates every kept checkpoint)."""
+    evaluation of its own (the comparison evaluates the kept checkpoints)."""
     config = dataclasses.replace(base, seed=seed, logdir=logdir, eval_episodes=0, **CONFIGS[name])
     return dataclasses.replace(config, **parity.checkpoint_overrides(config, checkpoint_frames))
 
@@ -252,12 +252,11 @@ def env_scale(env_id: str, out: str) -> tuple[float | None, float | None]:
 
 
 def evaluated(config: TrainConfig, episodes: int) -> bool:
-    """Whether every kept checkpoint of a finished run is evaluated with `episodes` episodes."""
-    from seedq import checkpoint
-
+    """Whether each checkpoint of a finished run that counts (`parity.run_checkpoints`)
+    is evaluated with `episodes` episodes."""
     done = parity.read_evaluations(config.logdir)
     return all(os.path.basename(d) in done and done[os.path.basename(d)]["episodes"] >= episodes
-               for d in checkpoint.step_dirs(config.logdir))
+               for d in parity.run_checkpoints(config.logdir))
 
 
 def rows_of(runs: list[tuple[str, TrainConfig]], out: str, grams_co2_per_kwh: float) -> tuple[list, list, list]:

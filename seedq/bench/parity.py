@@ -2,7 +2,7 @@
 
 A comparison run keeps a checkpoint every `every_frames` env frames (the
 learner's step trigger, at the train steps that many new frames take; none
-pruned). After the run, every kept checkpoint is evaluated over many greedy
+pruned). After the run, those checkpoints and the final one are evaluated over many greedy
 episodes, at the precision the run's actors acted at (int8 configurations
 with int8 inference), into `<run>/evaluations.json`. The final checkpoint's
 score is set against the best one's, both normalised as
@@ -104,20 +104,46 @@ def read_evaluations(run_dir: str) -> dict[str, dict]:
     return read_json(os.path.join(run_dir, EVALUATIONS)) or {}
 
 
+def scheduled_checkpoints(step_dirs: list[str], every_steps: int) -> list[str]:
+    """The checkpoints of a finished run worth evaluating (`step_dirs` oldest
+    first, named step_<train steps>): each one the step trigger took (the first
+    at or past a multiple of `every_steps`, as `RunControl.checkpoint_due`
+    decides) and the final one. A stop's checkpoint between two marks (SIGTERM)
+    is left out: it only let the run continue, and evaluating 500 Pong episodes
+    costs ~10 minutes. With no step trigger (`every_steps` 0) every checkpoint counts."""
+    if not every_steps:
+        return list(step_dirs)
+    chosen, previous = [], 0
+    for i, step_dir in enumerate(step_dirs):
+        step = int(os.path.basename(step_dir).split("_")[-1])
+        if step // every_steps > previous // every_steps or i == len(step_dirs) - 1:
+            chosen.append(step_dir)
+        previous = step
+    return chosen
+
+
+def run_checkpoints(run_dir: str) -> list[str]:
+    """`scheduled_checkpoints` of the run in `run_dir`."""
+    from seedq import checkpoint
+    from seedq.config import load as load_config
+
+    every = load_config(os.path.join(run_dir, "config.json")).checkpoint_every_steps
+    return scheduled_checkpoints(checkpoint.step_dirs(run_dir), every)
+
+
 def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
                          progress_seconds: float = 60.0) -> dict[str, dict]:
-    """Evaluates every checkpoint of `run_dir` missing from its evaluations.json
+    """Evaluates each `run_checkpoints` of `run_dir` missing from its evaluations.json
     (greedy, `episodes` episodes from env seed `seed`, at the acting precision),
     saving after each; returns them all. Logs how far each has got every
     `progress_seconds` (500 Pong episodes take many minutes)."""
-    from seedq import checkpoint
     from seedq.affinity import usable_cores
     from seedq.config import load as load_config
     from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
 
     done = read_evaluations(run_dir)
     precision = acting_precision(load_config(os.path.join(run_dir, "config.json")))
-    for step_dir in checkpoint.step_dirs(run_dir):
+    for step_dir in run_checkpoints(run_dir):
         name = os.path.basename(step_dir)
         if name in done and done[name]["episodes"] >= episodes:
             continue

@@ -17,7 +17,7 @@ def add_parsers(sub) -> None:
         description="Runs `seedq train` once per configuration and seed, one after another on this "
         "machine, changing only the architecture / precision; every config flag applies to all "
         "runs (--actor-cores pins every run's actors to the same cores). Each run keeps a checkpoint "
-        "every --checkpoint-frames frames; each kept checkpoint is then evaluated over --eval-episodes "
+        "every --checkpoint-frames frames; each of them and the final one is then evaluated over --eval-episodes "
         "greedy episodes and the final one's normalised score set against the best's. Writes "
         "OUT/results.csv (one row per run; energy from RAPL counters where readable, else "
         "codecarbon's estimate, else a CPU-seconds model: the energy_source column says which), "
