@@ -244,3 +244,17 @@ def test_a_comparison_evaluates_the_step_triggers_checkpoints_and_the_final_one_
     dirs = [f"run/checkpoints/step_{s:09d}" for s in steps]
     assert parity.scheduled_checkpoints(dirs, 25000) == [f"run/checkpoints/step_{s:09d}" for s in chosen]
     assert parity.scheduled_checkpoints(dirs, 0) == dirs
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("finals, cell", [([-4.71], "| -4.7 |"), ([-4.71, 0.83], "| -4.7 to 0.8 |")])
+def test_the_summary_shows_one_seeds_final_return_alone_and_a_negative_range_unambiguously(finals, cell):
+    from seedq.bench import compare_rows
+
+    summary = dict.fromkeys(("steady_frames_per_second", "frames_per_second", "frames_per_actor_cpu_second",
+                             "learner_cpu_us_per_frame", "bytes_sent_per_frame", "bytes_received_per_frame",
+                             "policy_lag_mean", "energy_j_per_1k_frames", "energy_source", "final_normalized",
+                             "final_over_best"))
+    summary.update(env="ALE/Pong-v5", config="seed-int8", architecture="seed", seeds=len(finals),
+                   final_eval_min=min(finals), final_eval_max=max(finals))
+    assert cell in compare_rows.format_table([summary])

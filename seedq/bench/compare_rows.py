@@ -157,6 +157,14 @@ def _fmt(v, spec: str) -> str:
     return "–" if v is None else format(v, spec)
 
 
+def _span(low, high) -> str:
+    """A min-max cell: one value where they are equal (one seed); "to" between
+    two, since a dash between negative returns (Pong) reads as a minus."""
+    if low is None or high is None or low == high:
+        return _fmt(low, ".1f")
+    return f"{low:.1f} to {high:.1f}"
+
+
 def _pull(s: dict) -> str:
     if s.get("architecture") == "seed":
         return NO_PULLS
@@ -175,7 +183,7 @@ def format_table(summary: list[dict]) -> str:
             "",
             "| config | seeds | frames/s (steady) | frames per actor CPU-s | learner CPU µs/frame | "
             "bytes/frame sent / recv | parameter pull (mean) | policy lag | energy J per 1k frames (source) | "
-            "final eval (min–max) | final normalised | final / best |",
+            "final eval (min to max) | final normalised | final / best |",
             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
         ]
         for s in (s for s in summary if s["env"] == env_id):
@@ -186,7 +194,7 @@ def format_table(summary: list[dict]) -> str:
                 f"{_fmt(s['bytes_sent_per_frame'], ',.1f')} / {_fmt(s['bytes_received_per_frame'], ',.1f')} | "
                 f"{_pull(s)} | {_fmt(s['policy_lag_mean'], '.2f')} | "
                 f"{_fmt(s['energy_j_per_1k_frames'], ',.1f')} ({s['energy_source'] or '–'}) | "
-                f"{_fmt(s['final_eval_min'], '.1f')}–{_fmt(s['final_eval_max'], '.1f')} | "
+                f"{_span(s['final_eval_min'], s['final_eval_max'])} | "
                 f"{_fmt(s['final_normalized'], '.2f')} | {_fmt(s['final_over_best'], '.2f')} |"
             )
         blocks.append("\n".join(lines))
