@@ -256,7 +256,7 @@ def evaluated(config: TrainConfig, episodes: int) -> bool:
     is evaluated with `episodes` episodes."""
     done = parity.read_evaluations(config.logdir)
     return all(os.path.basename(d) in done and done[os.path.basename(d)]["episodes"] >= episodes
-               for d in parity.run_checkpoints(config.logdir))
+               for d in parity.run_checkpoints(config.logdir, config.checkpoint_every_steps))
 
 
 def rows_of(runs: list[tuple[str, TrainConfig]], out: str, grams_co2_per_kwh: float) -> tuple[list, list, list]:

@@ -122,13 +122,12 @@ def scheduled_checkpoints(step_dirs: list[str], every_steps: int) -> list[str]:
     return chosen
 
 
-def run_checkpoints(run_dir: str) -> list[str]:
-    """`scheduled_checkpoints` of the run in `run_dir`."""
+def run_checkpoints(run_dir: str, every_steps: int) -> list[str]:
+    """`scheduled_checkpoints` of the run in `run_dir` (`every_steps`: its
+    config's checkpoint_every_steps, which the callers have loaded already)."""
     from seedq import checkpoint
-    from seedq.config import load as load_config
 
-    every = load_config(os.path.join(run_dir, "config.json")).checkpoint_every_steps
-    return scheduled_checkpoints(checkpoint.step_dirs(run_dir), every)
+    return scheduled_checkpoints(checkpoint.step_dirs(run_dir), every_steps)
 
 
 def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
@@ -142,8 +141,9 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
     from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
 
     done = read_evaluations(run_dir)
-    precision = acting_precision(load_config(os.path.join(run_dir, "config.json")))
-    for step_dir in run_checkpoints(run_dir):
+    config = load_config(os.path.join(run_dir, "config.json"))
+    precision = acting_precision(config)
+    for step_dir in run_checkpoints(run_dir, config.checkpoint_every_steps):
         name = os.path.basename(step_dir)
         if name in done and done[name]["episodes"] >= episodes:
             continue
