@@ -198,9 +198,15 @@ def test_the_queue_measures_the_rate_the_learner_takes_unrolls_and_its_pacing_ta
 
 @pytest.mark.e2e
 def test_pacing_keeps_the_learner_on_fresh_unrolls_when_training_is_the_bottleneck():
-    """A learner far slower than its actors (a wide MLP trained 8 times per
+    """A learner far slower than its actors (a wide MLP trained 16 times per
     batch): under `wait` the 256-unroll queue fills and the learner trains on
-    unrolls 16 batches old; paced, the loop slows before that."""
+    unrolls 16 batches old; paced, the loop slows before that.
+
+    Reuse 16 holds the loop back for ~75 % of the window, alone or beside
+    other CPU work; at reuse 8 it was ~55 %, so a busy machine (another test
+    worker stepping envs) could tip the verdict to `env`. Much slower still
+    (reuse 32) and the queue a first compile let fill is not drained by the
+    end of the warm-up, so the window would measure that backlog's lag."""
     import dataclasses
 
     from seedq.config import ServerConfig
@@ -209,7 +215,7 @@ def test_pacing_keeps_the_learner_on_fresh_unrolls_when_training_is_the_bottlene
     base = env_defaults("CartPole-v1")
     config = dataclasses.replace(
         base, env="CartPole-v1", num_actors=1, envs_per_actor=16,
-        vtrace=dataclasses.replace(base.vtrace, reuse=8, hidden_sizes=(512, 512)),
+        vtrace=dataclasses.replace(base.vtrace, reuse=16, hidden_sizes=(512, 512)),
         server=ServerConfig(queue_full="pace"),
     )
     config.validate()
