@@ -31,7 +31,9 @@ def add_parsers(sub) -> None:
     ev.add_argument("--sample", action="store_true",
                     help="sample actions from the policy instead of taking the greedy (argmax) action")
     ev.add_argument("--precision", choices=config_lib.PRECISIONS, default=None,
-                    help="inference precision (default: the run's)")
+                    help="inference precision (default: the run's precision, the learner's, as its own "
+                         "evaluation used; an IMPALA run's actors acted at its actor_precision: pass that "
+                         "to evaluate as they acted)")
     ev.add_argument("--video", default="", metavar="OUT.mp4|OUT.gif",
                     help="also render one episode (seed SEED) with rgb_array and write it here")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
