@@ -255,7 +255,7 @@ def evaluated(config: TrainConfig, episodes: int) -> bool:
     """Whether each checkpoint of a finished run that counts (`parity.run_checkpoints`)
     is evaluated with `episodes` episodes."""
     done = parity.read_evaluations(config.logdir)
-    return all(os.path.basename(d) in done and done[os.path.basename(d)]["episodes"] >= episodes
+    return all(parity.is_evaluated(done, d, episodes)
                for d in parity.run_checkpoints(config.logdir, config.checkpoint_every_steps))
 
 

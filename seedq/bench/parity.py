@@ -130,6 +130,13 @@ def run_checkpoints(run_dir: str, every_steps: int) -> list[str]:
     return scheduled_checkpoints(checkpoint.step_dirs(run_dir), every_steps)
 
 
+def is_evaluated(done: dict[str, dict], step_dir: str, episodes: int) -> bool:
+    """Whether `done` (a run's evaluations.json) holds the checkpoint at
+    `step_dir` evaluated over at least `episodes` episodes."""
+    entry = done.get(os.path.basename(step_dir))
+    return entry is not None and entry["episodes"] >= episodes
+
+
 def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
                          progress_seconds: float = 60.0) -> dict[str, dict]:
     """Evaluates each `run_checkpoints` of `run_dir` missing from its evaluations.json
@@ -144,9 +151,9 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
     config = load_config(os.path.join(run_dir, "config.json"))
     precision = acting_precision(config)
     for step_dir in run_checkpoints(run_dir, config.checkpoint_every_steps):
-        name = os.path.basename(step_dir)
-        if name in done and done[name]["episodes"] >= episodes:
+        if is_evaluated(done, step_dir, episodes):
             continue
+        name = os.path.basename(step_dir)
         loaded = load_policy(step_dir, precision=precision)
         result = evaluate(loaded.policy, loaded.config.env, episodes, seed, loaded.config.env_options,
                           env_threads=usable_cores(), on_episode=_every(progress_seconds, lambda ended, mean: log(
