@@ -151,7 +151,8 @@ def train(config=None, *, quiet: bool = False, **overrides: Any) -> Run:
         raise ValueError("a multi-host learner group runs from the command line (seedq train), not seedq.train")
     from seedq import local
 
-    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume)
+    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume,
+                          overwrite=args.overwrite, wait_for_lock=args.resume == "auto")
     if summary.get("stop_reason") == "terminated" and "frames" not in summary:
         raise RuntimeError("the run was stopped before it started")
     return Run(prepared.config.logdir, summary)

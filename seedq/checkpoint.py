@@ -44,10 +44,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from seedq import run_dirs
+
 FORMAT_VERSION = 1
 # Meta key of the `seedq.__version__` that wrote a checkpoint (absent before it was recorded).
 WRITER_KEY = "seedq_version"
-DIRNAME = "checkpoints"
+DIRNAME = run_dirs.CHECKPOINTS
 REPLAY_ITEM = "replay"
 # Subdirectories of the checkpoints directory (no step names: orbax ignores them).
 TRASH = ".trash"  # what a save deletes, renamed here first and removed after

@@ -281,13 +281,15 @@ def remove_socket(path: str) -> None:
             os.unlink(path)
 
 
-def supervise(argv: list[str], index: int | None, size: int | None, socket_path: str = "") -> int:
+def supervise(argv: list[str], index: int | None, size: int | None, socket_path: str = "",
+              env: dict[str, str] | None = None) -> int:
     """Runs `python -m seedq.cli *argv` as a child and passes its output
     through; returns its exit status, or DEAD_PEER_EXIT_CODE after printing
     one line when it died of a lost group member (removing `socket_path`,
     its unix socket, which it had no time to). SIGTERM is passed on to the
-    child (it checkpoints and exits as it would alone)."""
-    env = {**os.environ, SUPERVISED: str(os.getpid())}
+    child (it checkpoints and exits as it would alone). `env`: added to the
+    child's environment."""
+    env = {**os.environ, **(env or {}), SUPERVISED: str(os.getpid())}
     child = subprocess.Popen([sys.executable, "-m", "seedq.cli", *argv], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
 

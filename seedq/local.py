@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 
-from seedq import channel, distributed
+from seedq import channel, distributed, run_dirs
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
@@ -131,7 +131,7 @@ def default_address() -> str:
 
 def train(
     run: TrainConfig | PreparedRun, *, quiet: bool = False, started: float | None = None, with_actors: bool = True,
-    resume: str | None = None,
+    resume: str | None = None, overwrite: bool = False, wait_for_lock: bool = False,
 ) -> dict:
     """Runs a training run; returns the summary written to summary.json.
 
@@ -144,6 +144,10 @@ def train(
     `started` (time.monotonic()) is when the command started; seconds-to-target
     and wall time count from it. `resume` (a run directory, a checkpoint) continues
     from that checkpoint; `config.logdir` should then be the run's directory.
+    `overwrite`: a fresh run replaces the run in `config.logdir` (only seedq's
+    own entries, after every check that can refuse; seedq.run_dirs.clear).
+    The process that writes the run directory holds its lock for the run
+    (seedq.run_dirs.hold; `wait_for_lock`: wait while another process holds it).
 
     With `config.distributed` naming a group (or one detected on Cloud TPU),
     this process joins it first, before any other JAX use; process 0 alone
@@ -164,65 +168,88 @@ def train(
         _check_resumable(resume, agent, config.env)
     if group.multi:
         _check_one_resume(group, resume)
-    if group.is_leader:
-        os.makedirs(config.logdir, exist_ok=True)
-
-    # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
-    stats_dir = os.path.join(config.logdir, "actors") if group.is_leader else None
-    if with_actors and stats_dir:
-        os.makedirs(stats_dir, exist_ok=True)
-    actors = spawn_actors(address, config, stats_dir) if with_actors else []
-    learner = None
-    reporter = None
-    stop_reason = "error"
-    previous_sigterm = previous_sigint = None
-    # A group stops together: SIGTERM and Ctrl-C on one process are a stop
-    # request the group decides on (every process then checkpoints the same
-    # step), not an exception that would leave this one saving alone.
-    group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
-        "stopping actors and saving what was collected")
-    if threading.current_thread() is threading.main_thread():
-        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
-        previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+    run_lock = _claim_run_dir(config.logdir, group, fresh=resume is None, overwrite=overwrite,
+                              wait=wait_for_lock)
     try:
-        learner = Learner(config, address, group, spec=spec, agent=agent)
-        resumed = resumed_from = None
-        if resume is not None:
-            resumed, resumed_from = _restore(learner, resume, group, quiet)
-        # Saved once the config is known to fit (a bad --resume override leaves it alone).
-        if group.is_leader:
-            config_lib.save(config, os.path.join(config.logdir, "config.json"))
-        address = learner.start()
-        if not with_actors and not quiet:
-            member = f" ({group.describe()})" if group.multi else ""
-            print(f"learner listening on {address}{member}", flush=True)
-        reporter = RunReporter(
-            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
-            group=group, stop_requested=group_stop.reason,
-        )
-        stop_reason = reporter.run_until_done(actors)
-    except KeyboardInterrupt:  # a second Ctrl-C (the first is a stop request)
-        stop_reason = group_stop.reason() or "interrupted"
-        if not quiet:
-            print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
-    finally:
+        # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
+        stats_dir = os.path.join(config.logdir, run_dirs.ACTORS) if group.is_leader else None
+        if with_actors and stats_dir:
+            os.makedirs(stats_dir, exist_ok=True)
+        actors = spawn_actors(address, config, stats_dir) if with_actors else []
+        learner = None
+        reporter = None
+        stop_reason = "error"
+        previous_sigterm = previous_sigint = None
+        # A group stops together: SIGTERM and Ctrl-C on one process are a stop
+        # request the group decides on (every process then checkpoints the same
+        # step), not an exception that would leave this one saving alone.
+        group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
+            "stopping actors and saving what was collected")
+        if threading.current_thread() is threading.main_thread():
+            previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
+            previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+        try:
+            learner = Learner(config, address, group, spec=spec, agent=agent)
+            resumed = resumed_from = None
+            if resume is not None:
+                resumed, resumed_from = _restore(learner, resume, group, quiet)
+            # Saved once the config is known to fit (a bad --resume override leaves it alone).
+            if group.is_leader:
+                config_lib.save(config, os.path.join(config.logdir, run_dirs.CONFIG))
+            address = learner.start()
+            if not with_actors and not quiet:
+                member = f" ({group.describe()})" if group.multi else ""
+                print(f"learner listening on {address}{member}", flush=True)
+            reporter = RunReporter(
+                config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
+                group=group, stop_requested=group_stop.reason,
+            )
+            stop_reason = reporter.run_until_done(actors)
+        except KeyboardInterrupt:  # a second Ctrl-C (the first is a stop request)
+            stop_reason = group_stop.reason() or "interrupted"
+            if not quiet:
+                print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
+        finally:
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
+            if reporter is not None and stop_reason == "error":
+                reporter.close_display()
+            stop_processes(actors)
+            if learner is not None:
+                learner.stop()
+        summary = reporter.finish(stop_reason) if reporter is not None else None
         if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
-        if reporter is not None and stop_reason == "error":
-            reporter.close_display()
-        stop_processes(actors)
-        if learner is not None:
-            learner.stop()
-    summary = reporter.finish(stop_reason) if reporter is not None else None
-    if previous_sigterm is not None:
-        signal.signal(signal.SIGTERM, previous_sigterm)
-    if previous_sigint is not None:
-        signal.signal(signal.SIGINT, previous_sigint)
-    if summary is None and stop_reason == "terminated":
-        return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
-    if summary is None:
-        raise RuntimeError("the learner failed to start; see the log above")
-    return summary
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        if previous_sigint is not None:
+            signal.signal(signal.SIGINT, previous_sigint)
+        if summary is None and stop_reason == "terminated":
+            return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
+        if summary is None:
+            raise RuntimeError("the learner failed to start; see the log above")
+        return summary
+    finally:
+        if run_lock is not None:
+            run_lock.release()
+
+
+def _claim_run_dir(logdir: str, group, *, fresh: bool, overwrite: bool, wait: bool):
+    """Process 0 takes the run directory's lock (unless its supervisor holds
+    it), clears the old run for `overwrite` and marks the directory as a run;
+    returns the lock it took (None: another process holds it for this one).
+    Called after every check that can refuse the command, so a refused command
+    has removed nothing."""
+    if not group.is_leader:
+        return None
+    run_lock = None if run_dirs.holds_lock_already() else run_dirs.hold(logdir, wait=wait)
+    try:
+        if fresh and overwrite and run_dirs.holds_run(logdir):
+            run_dirs.clear(logdir)
+        run_dirs.write_marker(logdir)
+    except BaseException:
+        if run_lock is not None:
+            run_lock.release()
+        raise
+    return run_lock
 
 
 def _for_group(config: TrainConfig, group) -> TrainConfig:

@@ -103,7 +103,7 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert list(csv.DictReader(open(out / "results.csv"))) == rows
 
     # A run stopped before its end (no summary.json yet) continues from its
-    # checkpoint instead of starting again; with other flags it would start again.
+    # checkpoint instead of starting again.
     run_dir = out / "runs" / "CartPole-v1-seed1"
     (run_dir / "summary.json").unlink()
     continued = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
@@ -119,9 +119,10 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert suite.resumable(planned)
     other = dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=planned.vtrace.reuse + 1))
     assert not suite.resumable(other)
-    # Why it starts again is said, naming the setting.
-    assert suite.why_not_resumable(other) == (
-        f"ran with other settings (vtrace.reuse: {planned.vtrace.reuse} -> {planned.vtrace.reuse + 1})")
+    # The setting that differs is named (a rerun with it is refused, not started again).
+    assert suite.other_settings(other) == [f"vtrace.reuse: {planned.vtrace.reuse} -> {planned.vtrace.reuse + 1}"]
+    # A larger budget is no other setting: the run is extended.
+    assert suite.resumable(dataclasses.replace(planned, max_frames=planned.max_frames * 2))
 
 
 @pytest.mark.unit

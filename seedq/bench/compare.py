@@ -26,8 +26,9 @@ every row says which (`energy_source`). Carbon is the energy times an
 assumed grid intensity (a flag, written into every row).
 
 A rerun with the same flags skips the finished runs, continues unfinished
-ones from their last checkpoint and evaluates what is not evaluated yet
-(seedq.bench.jobs.resume_args, as `seedq bench suite` does).
+ones from their last checkpoint and evaluates what is not evaluated yet; a
+larger budget extends every run (seedq.bench.jobs.resume_args, as `seedq
+bench suite` does).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import sys
 import time
 
-from seedq import extras
+from seedq import extras, run_dirs
 from seedq.bench import compare_rows, parity
 from seedq.bench.energy import POWERCAP_ROOT, EnergyMeter
 # The job runner, under the names it had here (seedq.bench.suite and the tests use them).
@@ -65,7 +66,7 @@ WATTS_PER_CORE = 10.0
 GRAMS_CO2_PER_KWH = 475.0
 CHECKPOINT_FRAMES = 1_000_000
 EVAL_EPISODES = 500
-MEASUREMENTS = "compare.json"  # in each run directory: the comparison's measurements per segment
+MEASUREMENTS = run_dirs.COMPARE  # in each run directory: the comparison's measurements per segment
 
 
 def parse_configs(text: str) -> list[str]:

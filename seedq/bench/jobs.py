@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 import typing
 
 from seedq import config as config_lib
-from seedq import exit_codes
+from seedq import exit_codes, run_dirs
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig, to_dict
 
@@ -257,29 +256,36 @@ def finished(config: TrainConfig) -> bool:
     )
 
 
-def resumable(config: TrainConfig) -> bool:
-    return why_not_resumable(config) is None
+# The settings a rerun of a comparison or suite may change to extend its runs
+# from their checkpoints (the schedules' -1 horizons follow the new budget),
+# and the count of kept checkpoints, which a comparison derives from the budget.
+BUDGETS = ("max_frames", "max_seconds", "checkpoints_to_keep")
 
 
-def why_not_resumable(config: TrainConfig) -> str | None:
-    """None when an unfinished earlier attempt at `config` (a stopped or killed
-    suite) left a checkpoint to continue from and ran with this very config;
-    else why not, as a phrase ("ran with other settings: ..."). One started
-    with other flags, or by a seedq whose config has other fields, is started again."""
-    from seedq import checkpoint
-
-    saved = read_json(os.path.join(config.logdir, "config.json"))
+def other_settings(config: TrainConfig) -> list[str]:
+    """'key: saved -> current' for each setting, budgets aside, in which the run
+    in config.logdir (its config.json, as this code reads it) differs from
+    `config`; ["(its config.json cannot be read: ...)"] when it cannot be compared."""
+    saved = read_json(os.path.join(config.logdir, run_dirs.CONFIG))
     if saved is None:
-        return "left no config.json"
+        return ["(it has no readable config.json)"]
     try:
         saved = config_lib.migrated(saved)  # as this code reads it (seedq.config.layout)
     except ValueError as e:
-        return f"left a config.json this seedq cannot read ({e})"
-    changed = changed_settings(saved, json.loads(json.dumps(to_dict(config))))  # JSON has no tuples
-    if changed:
-        shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
-        return f"ran with other settings ({shown})"
-    return None if checkpoint.has_checkpoint(config.logdir) else "left no checkpoint"
+        return [f"(its config.json cannot be read: {e})"]
+    current = json.loads(json.dumps(to_dict(config)))  # JSON has no tuples
+    for key in BUDGETS:
+        saved.pop(key, None)
+        current.pop(key, None)
+    return changed_settings(saved, current)
+
+
+def resumable(config: TrainConfig) -> bool:
+    """Whether the run in config.logdir continues as `config`: it has a
+    checkpoint and was made with these settings, budgets aside."""
+    from seedq import checkpoint
+
+    return checkpoint.has_checkpoint(config.logdir) and not other_settings(config)
 
 
 def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -297,19 +303,30 @@ def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
 
 def resume_args(config: TrainConfig, what: str, log) -> tuple[str, ...] | None:
     """For a planned run: None when it finished before (skipped); else the extra
-    `seedq train` arguments: ("--resume", logdir) to continue an unfinished earlier
-    attempt that ran with this very config, () to start afresh (an earlier
-    attempt that cannot be continued is removed first). Says which in `log`."""
+    `seedq train` arguments: ("--resume", logdir) to continue a run with a
+    checkpoint (an unfinished earlier attempt, or a finished run that a larger
+    budget extends), () to start afresh. A run with a checkpoint is never
+    removed: one made with other settings (budgets aside) is a ValueError
+    naming them. Says which in `log`."""
+    from seedq import checkpoint
+
     if finished(config):
         log(f"{what}: finished before, skipped")
         return None
-    why_not = why_not_resumable(config)
-    if why_not is None:
-        stats = read_json(os.path.join(config.logdir, "stats.json")) or {}
+    if checkpoint.has_checkpoint(config.logdir):
+        changed = other_settings(config)
+        if changed:
+            shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise ValueError(f"{what}: {config.logdir} holds a run made with other settings ({shown}); "
+                             "only --max-frames and --max-seconds extend a run: give a new --out")
+        stats = read_json(os.path.join(config.logdir, run_dirs.STATS)) or {}
         so_far = f" (about {stats['frames']:,} frames in)" if isinstance(stats.get("frames"), int) else ""
-        log(f"{what}: continuing an unfinished earlier attempt from its checkpoint{so_far}")
+        if read_json(os.path.join(config.logdir, run_dirs.SUMMARY)):
+            log(f"{what}: extending the finished run from its checkpoint to the new budget{so_far}")
+        else:
+            log(f"{what}: continuing an unfinished earlier attempt from its checkpoint{so_far}")
         return ("--resume", config.logdir)
-    if os.path.exists(config.logdir):
-        log(f"{what}: an earlier attempt {why_not}; starting afresh")
-        shutil.rmtree(config.logdir, ignore_errors=True)  # nothing to continue from
+    if run_dirs.holds_run(config.logdir):
+        # (train_command's --overwrite replaces it: seedq's own files only)
+        log(f"{what}: an earlier attempt left no checkpoint; starting afresh")
     return ()

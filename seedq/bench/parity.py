@@ -23,11 +23,12 @@ import os
 import sys
 import time
 
+from seedq import run_dirs
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig
 
-EVALUATIONS = "evaluations.json"
+EVALUATIONS = run_dirs.EVALUATIONS
 RANDOM_SEED = 10_000  # env seeds of the random-policy episodes (apart from eval_seed's)
 
 

@@ -143,7 +143,8 @@ def _add_suite(bench_sub) -> None:
         "impala) passes through to every run. Measures the random policy's return per env and writes "
         "OUT/results.csv, OUT/curves.csv, OUT/summary.md (against the references, normalised "
         "(return - random) / (reference - random)) and one PNG per env, updated as each run finishes. "
-        "A rerun skips finished runs and continues unfinished ones from their checkpoint (same config only). "
+        "A rerun skips finished runs and continues unfinished ones from their checkpoint; a larger "
+        "--max-frames extends them; any other change is refused (use a new --out). "
         "Each running run prints a progress line a minute (frames, mean return, frames/s, time left).",
         formatter_class=HelpFormatter,
     )

@@ -22,7 +22,8 @@ def add_parsers(sub) -> None:
         "OUT/results.csv (one row per run; energy from RAPL counters where readable, else "
         "codecarbon's estimate, else a CPU-seconds model: the energy_source column says which), "
         "OUT/curves.csv, OUT/summary.md and PNG plots. A rerun with the same flags skips finished "
-        "runs and continues unfinished ones from their last checkpoint. The running run prints a "
+        "runs and continues unfinished ones from their last checkpoint; a larger --max-frames extends "
+        "every run from its checkpoint; any other change is refused (use a new --out). The running run prints a "
         "progress line a minute (frames, mean return, frames/s, time left; while evaluating, the "
         "episodes ended so far).",
         formatter_class=HelpFormatter,

@@ -9,7 +9,7 @@ import signal
 import sys
 
 from seedq import config as config_lib
-from seedq import exit_codes
+from seedq import exit_codes, run_dirs
 from seedq.cli.common import HelpFormatter, add_section_help
 from seedq.config import TrainConfig
 from seedq.flags import add_config_flags, config_from_args
@@ -45,6 +45,9 @@ def run_config(args: argparse.Namespace):
     import os
 
     data = config_lib.read_json(args.config) if getattr(args, "config", None) else {}
+    if data.get("logdir") and _in_run_dir(args.config):
+        # Another run's config.json: start from its settings, never in its directory.
+        data = {k: v for k, v in data.items() if k != "logdir"}
 
     def with_file(base: TrainConfig) -> TrainConfig:
         try:
@@ -59,6 +62,10 @@ def run_config(args: argparse.Namespace):
             raise ValueError("--resume auto needs the run directory: give --logdir DIR (or logdir in --config)")
         from seedq import checkpoint
 
+        if not getattr(args, "print_config", False) and _locks_before_start(args, data):
+            # A restarted pod can start while the old one is still stopping:
+            # wait for it, then decide from what it left.
+            run_dirs.hold(run_dir, wait=True)
         resume = run_dir if checkpoint.has_checkpoint(run_dir) else None
         if resume is None:
             args.logdir = run_dir  # a fresh run, in that directory
@@ -77,22 +84,47 @@ def run_config(args: argparse.Namespace):
         # (--resume auto resumes or starts fresh in the directory it is given;
         # --print-config starts nothing.)
         if args.resume != "auto" and not getattr(args, "print_config", False):
-            claim_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
+            check_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
         return prepared, None
     if getattr(args, "overwrite", False):
         raise ValueError("--overwrite starts a fresh run: it cannot be combined with --resume")
     if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
     base = with_file(saved_config(resume, "--resume"))
-    return run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume)), resume
+    prepared = run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume))
+    if args.resume != "auto" and not getattr(args, "print_config", False) and _locks_before_start(args, data):
+        run_dirs.hold(resume)  # a second writer is refused here, before anything is restored
+    return prepared, resume
 
 
-def claim_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
+def _in_run_dir(path: str) -> bool:
+    """Whether the file at `path` sits in a run directory (a run's config.json)."""
+    import os
+
+    return run_dirs.holds_run(os.path.dirname(os.path.abspath(path)))
+
+
+def _locks_before_start(args: argparse.Namespace, data: dict) -> bool:
+    """Whether this process takes its run directory's lock before the learner
+    starts: not when its supervisor holds it for it, not in a group's process
+    other than 0, and not in a group JAX detects (its process 0 is known only
+    once the group forms; seedq.local takes the lock then)."""
+    from seedq import distributed
+
+    group = config_from_args(args, base=config_lib.updated(TrainConfig(), data)).distributed
+    if run_dirs.holds_lock_already() or group.process_id > 0:
+        return False
+    return group.explicit or not distributed.needs_supervisor(group)
+
+
+def check_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
     """A fresh run's directory must not hold another run (two runs' files would
-    mix): ValueError naming --resume and --overwrite, or, with `overwrite`, the
-    old run is removed. In a learner group only process 0 checks, before the
-    group forms (the others find the directory process 0 has started)."""
-    from seedq import distributed, run_dirs
+    mix): ValueError naming --resume and --overwrite; with `overwrite`, one
+    line when seedq may not clear it (seedq.run_dirs.overwrite_refusal). The
+    old run is removed later, after every other check (seedq.local). In a
+    learner group only process 0 checks, before the group forms (the others
+    find the directory process 0 has started)."""
+    from seedq import distributed
 
     if config.distributed.process_id > 0 or distributed.is_supervised_child():
         return
@@ -100,7 +132,9 @@ def claim_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
         return
     if not overwrite:
         raise ValueError(run_dirs.refusal(config.logdir))
-    run_dirs.clear(config.logdir)
+    why_not = run_dirs.overwrite_refusal(config.logdir)
+    if why_not:
+        raise ValueError(why_not)
 
 
 def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
@@ -123,7 +157,8 @@ def add_run_command(sub, name: str, *, summary: str, description: str, resume_no
     )
     common.add_argument(
         "--overwrite", action="store_true",
-        help="start a fresh run in --logdir even when it holds a run: the old run's files are deleted",
+        help="start a fresh run in --logdir even when it holds a run: the old run's files (only those "
+        "seedq writes) are deleted; a directory that holds anything else, or a symlink, is refused",
     )
     return parser
 
@@ -194,10 +229,19 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         # A group's learner runs as a child: its lost-peer abort becomes one line.
         group = config.distributed
         address = config.address
+        held = False
+        if not getattr(args, "print_config", False) and _locks_before_start(args, {}) and group.explicit:
+            try:  # the supervisor holds the run's lock for its child (process 0)
+                run_dirs.hold(config.logdir, wait=args.resume == "auto")
+            except exit_codes.UsageError as e:
+                print(f"seedq {args.command}: {e}", file=sys.stderr)
+                return exit_codes.USAGE
+            held = True
         return distributed.supervise(
             list(sys.argv[1:] if argv is None else argv),
             group.process_id if group.explicit else None, group.num_processes or None,
             socket_path=address[5:] if address.startswith("unix:") else "",
+            env={run_dirs.LOCK_HELD_ENV: "1"} if held else None,
         )
     distributed.die_with_supervisor()
     from seedq import local
@@ -206,6 +250,7 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         summary = local.train(
             prepared, quiet=args.quiet, started=started,
             with_actors=args.command == "train", resume=resume,
+            overwrite=bool(getattr(args, "overwrite", False)), wait_for_lock=args.resume == "auto",
         )
     except exit_codes.UsageError as e:  # refused before starting (credentials, ...)
         print(f"seedq {args.command}: {e}", file=sys.stderr)

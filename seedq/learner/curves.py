@@ -17,11 +17,11 @@ from __future__ import annotations
 import csv
 import os
 
-from seedq import extras
+from seedq import extras, run_dirs
 
 COLUMNS = ("frames", "episodes", "train_steps", "return", "length", "loss", "entropy", "wall_seconds")
-CSV_FILE = "curves.csv"
-PNG_FILE = "curves.png"
+CSV_FILE = run_dirs.CURVES_CSV
+PNG_FILE = run_dirs.CURVES_PNG
 
 
 def curve_row(tick) -> dict:

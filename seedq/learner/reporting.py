@@ -35,7 +35,7 @@ import threading
 import time
 
 from seedq.config import TrainConfig
-from seedq import checkpoint
+from seedq import checkpoint, run_dirs
 from seedq.distributed import SOLO, ProcessGroup
 from seedq.learner.run_control import (
     RunClock, RunController, TargetRecord, group_totals, pooled_window, process_report, resumed_target,
@@ -275,7 +275,7 @@ class RunReporter:
 
     def write_stats(self) -> None:
         # Live status, rewritten every report: whole, but not worth an fsync each time.
-        write_json_atomically(os.path.join(self.config.logdir, "stats.json"), self.stats(), durable=False)
+        write_json_atomically(os.path.join(self.config.logdir, run_dirs.STATS), self.stats(), durable=False)
 
     def _stats_loop(self) -> None:
         while not self._stats_stop.is_set():
@@ -421,7 +421,7 @@ class RunReporter:
             wall_seconds=wall, segment_seconds=time.monotonic() - self.started, checkpoint=ckpt_dir,
             evaluation=evaluation, error=self.error,
         )
-        write_json_atomically(os.path.join(self.config.logdir, "summary.json"), summary, indent=2)
+        write_json_atomically(os.path.join(self.config.logdir, run_dirs.SUMMARY), summary, indent=2)
         self.tensorboard.close()
         self.console.finish(summary)
         return summary

@@ -17,7 +17,9 @@ import dataclasses
 import os
 import secrets
 
-RUN_ID_FILE = "wandb-run-id"
+from seedq import run_dirs
+
+RUN_ID_FILE = run_dirs.WANDB_RUN_ID
 
 
 def _import_wandb():
