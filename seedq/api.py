@@ -1,10 +1,10 @@
 """The Python API: `seedq.train`, `seedq.load_policy`, `seedq.evaluate`.
 
-`train` resolves a run exactly as `seedq train` does: its keyword arguments
-become the command's flags and go through the command's own parser and
-resolution (`seedq.cli.run_config`): the env's defaults and target return,
-a config file, `resume`. Only then does it run the learner and its actor
-processes, in this process, and return a `Run`.
+`train` resolves a run exactly as `seedq train` does, without the command
+line: its keyword arguments are a layer of fields over the env's defaults
+and target return, after a config file (`seedq.run_setup.plan`, which the
+command calls with its flags). Only then does it run the learner and its
+actor processes, in this process, and return a `Run`.
 
 Signal handlers are installed only when `train` runs on the main thread, so a
 notebook cell or a worker thread can call it; Ctrl-C in a notebook stops the
@@ -13,7 +13,6 @@ run after its final checkpoint, like the command.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import os
@@ -55,104 +54,55 @@ def read_curves(logdir: str) -> dict[str, np.ndarray]:
     return {name: np.array([float(r[name]) if r[name] != "" else np.nan for r in rows]) for name in rows[0]}
 
 
-def _flag_text(value: Any) -> str:
-    """A config value as its flag spells it (`seedq.flags.parser_for` reads it back)."""
-    from seedq.flags import NONE_WORD
+def train_layers(config=None, overrides: Mapping[str, Any] | None = None) -> list:
+    """The layers of fields (seedq.config.resolve.Layer) that `train(config,
+    **overrides)` resolves, as `seedq train` resolves a `--config` file and its
+    flags: `config` (a TrainConfig, a dict of fields or a config file's path),
+    then the keyword arguments (sections as dicts)."""
+    from seedq.config import TrainConfig, to_dict
+    from seedq.config.resolve import Layer, file_layer
 
-    if value is None:
-        return NONE_WORD
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def _train_parser() -> argparse.ArgumentParser:
-    from seedq import cli
-
-    for line, parser in cli.subcommands(cli.build_parser(), "seedq"):
-        if line == "seedq train":
-            return parser
-    raise RuntimeError("the seedq command has no train subcommand")
-
-
-def _flags_for(fields: Mapping[str, Any], dests: set[str], prefix: str = "") -> list[str]:
-    """`--section.field=value` flags for (nested) config fields; ValueError for an unknown name."""
-    import difflib
-
-    flags = []
-    for name, value in fields.items():
-        dest = prefix + name
-        if isinstance(value, Mapping):
-            if not any(d.startswith(dest + ".") for d in dests):
-                raise ValueError(f"{dest}: not a config section")
-            flags += _flags_for(value, dests, dest + ".")
-            continue
-        if dest not in dests:
-            close = difflib.get_close_matches(dest, sorted(dests), n=2)
-            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-            raise ValueError(f"{dest}: not a config field{hint}")
-        flags.append(f"--{prefix}{name.replace('_', '-')}={_flag_text(value)}")
-    return flags
-
-
-def train_args(config=None, overrides: Mapping[str, Any] | None = None) -> argparse.Namespace:
-    """The parsed `seedq train` arguments that `train(config, **overrides)` stands for."""
-    from seedq.config import TrainConfig
-    from seedq.flags import config_flags
-
-    parser = _train_parser()
-    # The config fields' flags (seedq.flags marks them) and --resume; not the
-    # command's own switches (--print-config, --parent-pid). argparse has no public list.
-    dests = {a.dest for a in parser._actions if hasattr(a, "doc_class")} | {"resume"}
-    argv: list[str] = []
+    layers = []
     if isinstance(config, TrainConfig):
-        argv += config_flags(config)
+        layers.append(Layer(to_dict(config), "config"))
     elif isinstance(config, Mapping):
-        argv += _flags_for(config, dests)
+        layers.append(Layer(dict(config), "config"))
     elif config is not None:
-        argv += [f"--config={os.fspath(config)}"]
-    overrides = dict(overrides or {})
-    overwrite = bool(overrides.pop("overwrite", False))  # a switch of the command, not a field
-    argv += _flags_for(overrides, dests)
-    parser.exit_on_error = False  # bad values raise here instead of exiting the caller
-    try:
-        args = parser.parse_args(argv)
-    except argparse.ArgumentError as e:
-        raise ValueError(str(e).replace("argument --", "--")) from None
-    args.command = "train"
-    args.overwrite = overwrite
-    return args
+        layers.append(file_layer(os.fspath(config)))
+    if overrides:
+        layers.append(Layer(dict(overrides)))
+    return layers
 
 
-def train(config=None, *, quiet: bool = False, **overrides: Any) -> Run:
+def train(config=None, *, quiet: bool = False, resume: str | None = None, overwrite: bool = False,
+          **overrides: Any) -> Run:
     """Trains a policy (a learner plus `num_actors` actor processes on this
     host, as `seedq train`) and returns the finished `Run`.
 
     `config`: a `TrainConfig`, a dict of fields, or the path of a config file
     (`--config`); `overrides`: config fields by name, sections as dicts, e.g.
     `train(env="CartPole-v1", max_seconds=120, logdir="runs/a",
-    vtrace={"learning_rate": 3e-4})`. `resume="RUN_DIR"` continues a run; a `logdir` that
-    holds a run is refused unless `overwrite=True` (or `resume="auto"`).
-    Defaults that depend on the env (its target return, Box-action settings)
-    apply as on the command line. `quiet`: no progress lines.
+    vtrace={"learning_rate": 3e-4})` (the sections and their fields:
+    `seedq.config.TrainConfig`, docs/config.md). `resume="RUN_DIR"` continues
+    a run; a `logdir` that holds a run is refused unless `overwrite=True` (or
+    `resume="auto"`). Defaults that depend on the env (its target return, Box
+    actions, pixel frames) apply as on the command line: both resolve through
+    `seedq.run_setup.plan`. `quiet`: no progress lines.
     ValueError (one line) for a bad field or value.
     """
     started = time.monotonic()
-    from seedq import cli, distributed
+    from seedq import distributed, run_setup
 
-    args = train_args(config, overrides)
     try:
-        prepared, resume = cli.run_config(args)  # resolved and validated, as the command does
+        prepared, resume_dir = run_setup.plan(train_layers(config, overrides), resume=resume, overwrite=overwrite)
     except FileNotFoundError as e:
         raise ValueError(e.args[0]) from None
     if distributed.needs_supervisor(prepared.config.distributed):
         raise ValueError("a multi-host learner group runs from the command line (seedq train), not seedq.train")
     from seedq import local
 
-    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume,
-                          overwrite=args.overwrite, wait_for_lock=args.resume == "auto")
+    summary = local.train(prepared, quiet=quiet, started=started, with_actors=True, resume=resume_dir,
+                          overwrite=overwrite, wait_for_lock=resume == "auto")
     if summary.get("stop_reason") == "terminated" and "frames" not in summary:
         raise RuntimeError("the run was stopped before it started")
     return Run(prepared.config.logdir, summary)

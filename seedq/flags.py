@@ -27,6 +27,7 @@ import typing
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
+from seedq.config.resolve import Layer, env_defaults
 
 
 def flag_name(prefix: str, name: str) -> str:
@@ -240,6 +241,29 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=TrainConfig, prefix: s
         action.doc_class = cls
 
 
+def given_fields(args: argparse.Namespace, cls=TrainConfig, prefix: str = "") -> dict:
+    """The config fields set by the flags given in `args`, nested by section
+    (`none` as None); sections with no flag given are left out."""
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            section = given_fields(args, hint, prefix + field.name + ".")
+            if section:
+                fields[field.name] = section
+            continue
+        value = getattr(args, prefix + field.name, None)
+        if value is not None:
+            fields[field.name] = None if value is NONE_GIVEN else value
+    return fields
+
+
+def flag_layer(args: argparse.Namespace) -> Layer:
+    """The flags given, as a layer of the run's config (seedq.config.resolve)."""
+    return Layer(given_fields(args))
+
+
 def config_from_args(args: argparse.Namespace, cls=TrainConfig, prefix: str = "", base=None):
     """The config `base` (default: `cls()`) with the flags given in `args` applied."""
     base = cls() if base is None else base
@@ -285,25 +309,3 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
                 text = str(value)
             flags += [flag_name(prefix, field.name), text]
     return flags
-
-
-def env_defaults(env_id: str) -> TrainConfig:
-    """The defaults the flags apply to for `env_id` (with the default env
-    options), as `defaults_for_spec` gives them. An env id that cannot be
-    built falls back to the plain defaults; the run then reports the env error."""
-    from seedq.envs import env_spec
-
-    try:
-        return defaults_for_spec(env_spec(env_id), env_id)
-    except ValueError:
-        return TrainConfig()
-
-
-def defaults_for_spec(spec, env_id: str) -> TrainConfig:
-    """The defaults for an env with `spec` (a `seedq.schema.EnvSpec`): they depend
-    on whether its actions are Discrete or Box, whether it observes pixel frames
-    and on its registered reward_threshold (config.defaults_for)."""
-    from seedq.envs import reward_threshold
-
-    pixels = config_lib.is_pixel_observation(spec.obs_shape, spec.obs_dtype)
-    return config_lib.defaults_for(not spec.discrete, reward_threshold(env_id), pixels)

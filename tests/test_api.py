@@ -30,7 +30,9 @@ def _resolved(argv):
 
 
 def _resolved_from_keywords(config=None, **overrides):
-    prepared, resume = cli.run_config(api.train_args(config, overrides))
+    from seedq import run_setup
+
+    prepared, resume = run_setup.plan(api.train_layers(config, overrides))
     assert resume is None
     return prepared.config
 
@@ -68,14 +70,16 @@ def test_a_config_object_resolves_to_itself(tmp_path):
 
 @pytest.mark.unit
 def test_unknown_fields_and_bad_values_are_one_line_errors():
-    with pytest.raises(ValueError, match="num_actor: not a config field.*num_actors"):
-        api.train_args(None, {"num_actor": 2})
-    with pytest.raises(ValueError, match="num-actors.*'two'"):
-        api.train_args(None, {"num_actors": "two"})
-    with pytest.raises(ValueError, match="vtrace.learning_rat: not a config field"):
-        api.train_args(None, {"vtrace": {"learning_rat": 1e-3}})
-    with pytest.raises(ValueError, match="print_config: not a config field"):
-        api.train_args(None, {"print_config": True})
+    with pytest.raises(ValueError, match=r"unknown field\(s\) num_actor \(did you mean num_actors"):
+        _resolved_from_keywords(num_actor=2)
+    with pytest.raises(ValueError, match="num_actors: expected int, got 'two'"):
+        _resolved_from_keywords(num_actors="two")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) vtrace.learning_rat \(did you mean"):
+        _resolved_from_keywords(vtrace={"learning_rat": 1e-3})
+    with pytest.raises(ValueError, match=r"unknown field\(s\) print_config"):
+        _resolved_from_keywords(print_config=True)
+    with pytest.raises(ValueError, match="vtrace: expected a mapping of fields, got int"):
+        _resolved_from_keywords(vtrace=3)
 
 
 class _Recorder:

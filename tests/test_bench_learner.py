@@ -7,7 +7,7 @@ import pytest
 
 from seedq import cli
 from seedq.bench import learner as bench_learner
-from seedq.flags import env_defaults
+from seedq.config.resolve import env_defaults
 
 pytestmark = pytest.mark.e2e
 

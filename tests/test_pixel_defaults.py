@@ -10,7 +10,7 @@ import pytest
 
 from seedq import cli
 from seedq.config import PIXEL_VTRACE, VTraceConfig, is_pixel_observation
-from seedq.flags import env_defaults
+from seedq.config.resolve import env_defaults
 
 pytestmark = pytest.mark.unit
 

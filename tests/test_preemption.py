@@ -46,7 +46,7 @@ def test_a_runs_own_config_json_round_trips(tmp_path, capsys):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("content, code, expected", [
-    ('{"vtrace": {"batch_sise": 8}}', 2, "--config {path}: unknown field(s) vtrace.batch_sise; valid in vtrace:"),
+    ('{"vtrace": {"batch_sise": 8}}', 2, "--config {path}: unknown field(s) vtrace.batch_sise (did you mean vtrace.batch_size?); valid in vtrace:"),
     ('{"bogus": 1}', 2, "--config {path}: unknown field(s) bogus; valid:"),
     ('[1, 2]', 2, "{path}: expected a mapping of config fields"),
     ('{"env": ', 2, "{path}: not valid JSON"),

@@ -56,7 +56,7 @@ def test_trained_and_dropped_frames_account_for_the_frames_stepped():
     import dataclasses
 
     from seedq.config import ServerConfig
-    from seedq.flags import env_defaults
+    from seedq.config.resolve import env_defaults
 
     base = env_defaults("CartPole-v1")
     config = dataclasses.replace(
@@ -210,7 +210,7 @@ def test_pacing_keeps_the_learner_on_fresh_unrolls_when_training_is_the_bottlene
     import dataclasses
 
     from seedq.config import ServerConfig
-    from seedq.flags import env_defaults
+    from seedq.config.resolve import env_defaults
 
     base = env_defaults("CartPole-v1")
     config = dataclasses.replace(

@@ -153,7 +153,7 @@ def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
     ("Pendulum-v1", None), ("MinAtar/Breakout-v1", None), ("dmc:cartpole-swingup", None),
 ])
 def test_target_return_defaults_to_the_envs_registered_threshold(env_id, target):
-    from seedq.flags import env_defaults
+    from seedq.config.resolve import env_defaults
 
     assert env_defaults(env_id).target_return == target
 
@@ -162,7 +162,8 @@ def test_target_return_defaults_to_the_envs_registered_threshold(env_id, target)
 def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
     from seedq import config as config_lib
     from seedq.cli import build_parser
-    from seedq.flags import config_flags, config_from_args, env_defaults
+    from seedq.config.resolve import env_defaults
+    from seedq.flags import config_flags, config_from_args
 
     def resolved(*flags):
         args = build_parser().parse_args(["train", "--env", "Acrobot-v1", *flags])

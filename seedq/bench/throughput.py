@@ -210,7 +210,7 @@ def run(
     import dataclasses
 
     from seedq.bench.learner import learner_fields
-    from seedq.flags import env_defaults
+    from seedq.config.resolve import env_defaults
 
     base = base if base is not None else env_defaults(env_id)
     config = dataclasses.replace(

@@ -11,7 +11,8 @@ import sys
 from seedq import config as config_lib
 from seedq.cli.common import HelpFormatter, csv_of
 from seedq.config import TrainConfig
-from seedq.flags import add_config_flags, config_from_args, env_defaults
+from seedq.config.resolve import env_defaults
+from seedq.flags import add_config_flags, config_from_args
 
 
 def add_parsers(sub) -> None:

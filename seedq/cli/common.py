@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from seedq.config import TrainConfig
-from seedq.flags import env_defaults
+from seedq.config.resolve import env_defaults
 
 
 class Parser(argparse.ArgumentParser):

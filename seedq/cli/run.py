@@ -3,138 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import sys
 
 from seedq import config as config_lib
-from seedq import exit_codes, run_dirs
+from seedq import exit_codes
 from seedq.cli.common import HelpFormatter, add_section_help
-from seedq.config import TrainConfig
-from seedq.flags import add_config_flags, config_from_args
-
-
-def saved_config(run_dir: str, flag: str) -> TrainConfig:
-    """The config.json of the run in `run_dir` (FileNotFoundError naming `flag` otherwise)."""
-    import os
-
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"{flag} {run_dir}: no such run directory")
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{flag} {run_dir}: not a seedq run directory (no config.json)")
-    try:
-        return config_lib.load(path)
-    except (ValueError, TypeError, KeyError) as e:
-        raise FileNotFoundError(f"{flag} {run_dir}: config.json cannot be read ({e})") from None
+from seedq.config.resolve import file_layer
+from seedq.flags import add_config_flags, flag_layer
 
 
 def run_config(args: argparse.Namespace):
     """The run of `seedq train|learner` (a `seedq.run_setup.PreparedRun`: the
     config resolved and validated, the env spec built) and the run directory to
-    resume (None: a fresh run).
-
-    Layers, later ones winning: the defaults for the env (or, resuming, the
-    run's saved config.json), the `--config` file, the flags given. `--resume
-    auto` resumes the run directory (`--logdir`, or the file's `logdir`) when it
-    holds a checkpoint and starts a fresh run in it otherwise.
-    """
+    resume (None: a fresh run): the `--config` file and the flags given, as
+    layers over the env's defaults or the resumed run's config
+    (seedq.run_setup.plan, which `seedq.train` calls too)."""
     from seedq import run_setup
 
-    import os
-
-    data = config_lib.read_json(args.config) if getattr(args, "config", None) else {}
-    if data.get("logdir") and _in_run_dir(args.config):
-        # Another run's config.json: start from its settings, never in its directory.
-        data = {k: v for k, v in data.items() if k != "logdir"}
-
-    def with_file(base: TrainConfig) -> TrainConfig:
-        try:
-            return config_lib.updated(base, data)
-        except ValueError as e:
-            raise ValueError(f"--config {args.config}: {e}") from None
-
-    resume = args.resume
-    if resume == "auto":
-        run_dir = args.logdir or data.get("logdir") or ""
-        if not run_dir:
-            raise ValueError("--resume auto needs the run directory: give --logdir DIR (or logdir in --config)")
-        from seedq import checkpoint
-
-        if not getattr(args, "print_config", False) and _locks_before_start(args, data):
-            # A restarted pod can start while the old one is still stopping:
-            # wait for it, then decide from what it left.
-            run_dirs.hold(run_dir, wait=True)
-        resume = run_dir if checkpoint.has_checkpoint(run_dir) else None
-        if resume is None:
-            args.logdir = run_dir  # a fresh run, in that directory
-    if resume is None:
-        # The env and its options come from the file and the flags alone; the
-        # other defaults depend on the env's spec, built here once for the run.
-        given = config_from_args(args, base=with_file(TrainConfig()))
-        spec = run_setup.build_env_spec(given)
-        config = config_from_args(args, base=with_file(run_setup.defaults_for_env(spec, given.env)))
-        if config.deterministic and args.num_actors is None and "num_actors" not in data:
-            config = dataclasses.replace(config, num_actors=1)  # one order of batches
-        if config.distributed.explicit and not config.logdir:
-            # (A default run directory is named by time and pid: one per process.)
-            raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")
-        prepared = run_setup.prepare(config, spec)
-        # (--resume auto resumes or starts fresh in the directory it is given;
-        # --print-config starts nothing.)
-        if args.resume != "auto" and not getattr(args, "print_config", False):
-            check_run_dir(prepared.config, overwrite=getattr(args, "overwrite", False))
-        return prepared, None
-    if getattr(args, "overwrite", False):
-        raise ValueError("--overwrite starts a fresh run: it cannot be combined with --resume")
-    if args.logdir is not None and os.path.abspath(args.logdir) != os.path.abspath(resume):
-        raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
-    base = with_file(saved_config(resume, "--resume"))
-    prepared = run_setup.prepare(dataclasses.replace(config_from_args(args, base=base), logdir=resume))
-    if args.resume != "auto" and not getattr(args, "print_config", False) and _locks_before_start(args, data):
-        run_dirs.hold(resume)  # a second writer is refused here, before anything is restored
-    return prepared, resume
-
-
-def _in_run_dir(path: str) -> bool:
-    """Whether the file at `path` sits in a run directory (a run's config.json)."""
-    import os
-
-    return run_dirs.holds_run(os.path.dirname(os.path.abspath(path)))
-
-
-def _locks_before_start(args: argparse.Namespace, data: dict) -> bool:
-    """Whether this process takes its run directory's lock before the learner
-    starts: not when its supervisor holds it for it, not in a group's process
-    other than 0, and not in a group JAX detects (its process 0 is known only
-    once the group forms; seedq.local takes the lock then)."""
-    from seedq import distributed
-
-    group = config_from_args(args, base=config_lib.updated(TrainConfig(), data)).distributed
-    if run_dirs.holds_lock_already() or group.process_id > 0:
-        return False
-    return group.explicit or not distributed.needs_supervisor(group)
-
-
-def check_run_dir(config: TrainConfig, *, overwrite: bool) -> None:
-    """A fresh run's directory must not hold another run (two runs' files would
-    mix): ValueError naming --resume and --overwrite; with `overwrite`, one
-    line when seedq may not clear it (seedq.run_dirs.overwrite_refusal). The
-    old run is removed later, after every other check (seedq.local). In a
-    learner group only process 0 checks, before the group forms (the others
-    find the directory process 0 has started)."""
-    from seedq import distributed
-
-    if config.distributed.process_id > 0 or distributed.is_supervised_child():
-        return
-    if not run_dirs.holds_run(config.logdir):
-        return
-    if not overwrite:
-        raise ValueError(run_dirs.refusal(config.logdir))
-    why_not = run_dirs.overwrite_refusal(config.logdir)
-    if why_not:
-        raise ValueError(why_not)
+    layers = [file_layer(args.config)] if getattr(args, "config", None) else []
+    layers.append(flag_layer(args))
+    return run_setup.plan(layers, resume=args.resume, overwrite=bool(getattr(args, "overwrite", False)),
+                          starts=not getattr(args, "print_config", False))
 
 
 def add_run_command(sub, name: str, *, summary: str, description: str, resume_note: str = ""):
@@ -230,7 +121,7 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         group = config.distributed
         address = config.address
         held = False
-        if not getattr(args, "print_config", False) and _locks_before_start(args, {}) and group.explicit:
+        if group.explicit and group.process_id == 0 and not run_dirs.holds_lock_already():
             try:  # the supervisor holds the run's lock for its child (process 0)
                 run_dirs.hold(config.logdir, wait=args.resume == "auto")
             except exit_codes.UsageError as e:

@@ -47,14 +47,18 @@ def updated(config: Any, data: dict, where: str = "") -> Any:
     """`config` with the (possibly partial, nested) fields in `data` replaced;
     an unknown key is a ValueError naming it."""
     if not isinstance(data, dict):
-        raise ValueError(f"{where or 'config'}: expected a JSON object, got {type(data).__name__}")
+        raise ValueError(f"{where.rstrip('.') or 'config'}: expected a mapping of fields, got {type(data).__name__}")
     cls = type(config)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=2)
+        hint = f" (did you mean {' or '.join(where + c for c in close)}?)" if close else ""
         raise ValueError(
-            f"unknown field(s) {', '.join(where + k for k in unknown)}; "
+            f"unknown field(s) {', '.join(where + k for k in unknown)}{hint}; "
             f"valid{' in ' + where.rstrip('.') if where else ''}: {', '.join(sorted(names))}"
         )
     changes = {}
