@@ -8,7 +8,7 @@ import signal
 import sys
 
 from seedq import config as config_lib
-from seedq import exit_codes
+from seedq import exit_codes, run_dirs
 from seedq.cli.common import HelpFormatter, add_section_help
 from seedq.config.resolve import file_layer
 from seedq.flags import add_config_flags, flag_layer
@@ -95,8 +95,6 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         return exit_codes.USAGE
     config = prepared.config
     if resume is not None and not getattr(args, "print_config", False):
-        from seedq import run_dirs
-
         hint = run_dirs.finished_hint(run_dirs.read_summary(resume), max_frames=config.max_frames,
                                       max_seconds=config.max_seconds, target_return=config.target_return)
         if hint:  # resuming would stop at once
