@@ -104,8 +104,6 @@ class Policy:
     Greedy actions are the agent's `greedy_actions`."""
 
     def __init__(self, precision, params, *, greedy: bool = True):
-        if greedy and not hasattr(precision.agent, "greedy_actions"):
-            raise ValueError(f"{type(precision.agent).__name__} has no greedy policy; evaluate with --sample")
         self.precision = precision
         self.params = params
         self.greedy = greedy

@@ -7,7 +7,6 @@ start-up overlaps the learner's JAX start-up; they retry until it listens.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -163,7 +162,7 @@ def train(
     # A bad env id, an observation or action space the agent cannot take, fail
     # here (one line), before any process starts.
     agent = make_agent(config, spec)
-    getattr(agent, "check_host_memory", lambda: None)()  # R2D2's replay: refused before actors start
+    agent.check_host_memory()  # R2D2's replay: refused before actors start
     if resume is not None:
         _check_resumable(resume, agent, config.env)
     if group.multi:
@@ -257,9 +256,8 @@ def _for_group(config: TrainConfig, group) -> TrainConfig:
     if group.multi and config.architecture == "impala":
         raise ValueError("a learner group (jax.distributed) needs architecture='seed': "
                          "the multi-host learner serves SEED actors")
-    if group.multi and config.agent == "r2d2" and config.r2d2.checkpoint_replay:
-        # Each process has its own replay; orbax would keep only process 0's.
-        config = dataclasses.replace(config, r2d2=dataclasses.replace(config.r2d2, checkpoint_replay=False))
+    if group.multi and config.checkpoints_replay:
+        config = config.without_replay_checkpoints()
     return config
 
 

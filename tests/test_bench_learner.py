@@ -69,4 +69,4 @@ def test_bad_flags_are_one_line(capsys):
 def test_new_frames_per_train_step_counts_each_frame_once():
     config = env_defaults("CartPole-v1")
     vt = config.vtrace
-    assert bench_learner.new_frames_per_train_step(config) == vt.batch_size * vt.unroll_length / vt.reuse
+    assert config.new_frames_per_train_step == vt.batch_size * vt.unroll_length / vt.reuse

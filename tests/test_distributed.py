@@ -278,7 +278,8 @@ def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_
     # summary; the checkpoints hold both processes' counters, the frames their sum.
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
     assert sorted(p.name for p in logdir.iterdir() if not p.name.startswith("events")) == [
-        "checkpoints", "config.json", "curves.csv", "curves.png", "stats.json", "summary.json"]
+        ".seedq-lock", ".seedq-run", "checkpoints", "config.json", "curves.csv", "curves.png", "stats.json",
+        "summary.json"]
     meta = json.loads(next(logdir.glob("checkpoints/step_*/meta/metadata")).read_text())
     per_process = meta["counters"]["processes"]
     assert len(per_process) == 2 and all(p["frames"] > 0 for p in per_process)

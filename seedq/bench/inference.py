@@ -264,9 +264,8 @@ def trained_policy_agreement(run_dir: str, *, steps: int = 300, num_envs: int = 
     precisions = {p: InferencePrecision(agent, spec, p) for p in quant.PRECISIONS}
     published = {p: mode.publish(params) for p, mode in precisions.items()}
     paths = quant.quantizable_paths(precisions["int8"].layers)
-    net = AgentNet(agent.network, recurrent_q=cfg.agent == "r2d2")
-    # R2D2's behaviour is epsilon-greedy; V-trace's samples its softmax.
-    modes = modes or (("greedy", "eps") if cfg.agent == "r2d2" else ("greedy", "sample", "eps"))
+    net = AgentNet(agent.network, recurrent_q=agent.q_network)
+    modes = modes or agent.evaluation_modes
     steps_fns = {p: _step_fn(net, published[p], p) for p in quant.PRECISIONS}
     out = {"run_dir": run_dir, "checkpoint": step_dir, "env": cfg.env, "agent": cfg.agent, "modes": {}}
     out["int8_layers"] = sorted("/".join(path) for path in paths)

@@ -28,23 +28,6 @@ import numpy as np
 MIN_CALLS = 3
 
 
-def new_frames_per_train_step(config) -> float:
-    """New env frames one train step consumes: V-trace trains each batch of
-    batch_size x unroll_length frames `reuse` times; R2D2 samples each
-    sequence's trace_length frames replay_ratio times."""
-    if config.agent == "r2d2":
-        section = config.r2d2
-        return section.batch_size * section.trace_length / (section.replay_ratio or 1.0)
-    section = config.vtrace
-    return section.batch_size * section.unroll_length / section.reuse
-
-
-def new_frames_per_unroll(config) -> int:
-    """New env frames in one stored sequence (the steps it shares with the
-    next one counted there): V-trace's unroll_length, R2D2's trace_length."""
-    return config.r2d2.trace_length if config.agent == "r2d2" else config.vtrace.unroll_length
-
-
 def synthetic_batch(agent, spec, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A training batch of the stored sequences' shapes with random contents
     (observations as the env's dtype, actions within the action space), plus
@@ -63,7 +46,7 @@ def synthetic_batch(agent, spec, batch_size: int, rng: np.random.Generator) -> d
             batch[name] = rng.standard_normal(shape).astype(dtype)
         else:
             batch[name] = np.zeros(shape, dtype)
-    if getattr(agent.config, "replay_ratio", None) is not None:
+    if agent.samples_replay:
         batch["weights"] = np.ones(batch_size, np.float32)
         batch["indices"] = np.arange(batch_size, dtype=np.int32)
     return batch
@@ -106,7 +89,7 @@ def measure_training(config, agent, spec, seconds: float, seed: int = 0) -> dict
         jax.block_until_ready(holder[0])
 
     steps = calls_per_second(step, seconds)
-    frames_per_step = new_frames_per_train_step(config)
+    frames_per_step = config.new_frames_per_train_step
     return {
         "train_batch": batch_size,
         "frames_per_train_step": frames_per_step,
@@ -171,8 +154,7 @@ def run(config, seconds: float = 5.0) -> dict:
     result = {
         "env": config.env,
         "agent": config.agent,
-        # V-trace names its torso; R2D2's Q-network carries it.
-        "network": getattr(agent, "network_name", None) or getattr(getattr(agent, "network", None), "torso", None),
+        "network": agent.network_name,
         "observation_shape": list(spec.obs_shape),
         "precision": config.precision,
         "device": str(jax.devices()[0]),
@@ -183,17 +165,10 @@ def run(config, seconds: float = 5.0) -> dict:
     return result
 
 
-# The agent fields that set the learner's work per frame, echoed in the results.
-_SHOWN_FIELDS = {
-    "vtrace": ("batch_size", "unroll_length", "lookahead", "reuse"),
-    "r2d2": ("batch_size", "burn_in", "trace_length", "n_step", "replay_ratio"),
-}
-
-
 def learner_fields(config) -> dict:
     """{"vtrace.reuse": 1, ...}: the run's agent fields that set the learner's work per frame."""
-    section = getattr(config, config.agent)
-    return {f"{config.agent}.{k}": getattr(section, k) for k in _SHOWN_FIELDS[config.agent]}
+    section = config.agent_section
+    return {f"{config.agent}.{k}": getattr(section, k) for k in section.WORK_PER_FRAME_FIELDS}
 
 
 def format_table(result: dict) -> str:

@@ -88,9 +88,8 @@ def checkpoint_overrides(config: TrainConfig, every_frames: int) -> dict:
     the step trigger at that many frames' train steps, no time trigger (it
     would restart the step interval), and none pruned (room for the final save
     and one per stop of a resumed run). A run stopped by SIGTERM still saves."""
-    from seedq.bench.learner import new_frames_per_train_step
 
-    steps = max(1, round(every_frames / new_frames_per_train_step(config)))
+    steps = max(1, round(every_frames / config.new_frames_per_train_step))
     marks = math.ceil(config.max_frames / every_frames) if config.max_frames else 50
     return {"checkpoint_every_steps": steps, "checkpoint_every_seconds": 0.0, "checkpoints_to_keep": marks + 10}
 

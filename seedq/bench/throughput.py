@@ -62,7 +62,6 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
 def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> dict:
     """The SEED loop's frames/s for a validated TrainConfig (env, actors,
     envs per actor, devices, server)."""
-    from seedq.bench.learner import new_frames_per_train_step, new_frames_per_unroll
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 
@@ -96,7 +95,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             held = stats.backpressure_seconds - held0
             paced = stats.paced_seconds - paced0
             _, lag_mean, _ = learner.policy_lag.since(lag0)
-            dropped = (learner.queue.dropped_unrolls - dropped0) * new_frames_per_unroll(config)
+            dropped = (learner.queue.dropped_unrolls - dropped0) * config.new_frames_per_unroll
             greedy_batches = stats.greedy_batches - g0
             batching = learner.inference.batching
             split = learner.devices.describe()
@@ -114,7 +113,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
     thread_busy = thread_cpu / elapsed if thread_cpu is not None else None
     return {
         "system_fps": frames / elapsed,
-        "trained_fps": train_steps * new_frames_per_train_step(config) / elapsed,
+        "trained_fps": train_steps * config.new_frames_per_train_step / elapsed,
         "bottleneck": bottleneck_of(train, held_share, inference_share, thread_busy,
                                     dropped / frames if frames else 0.0),
         # Share of the window the batch loop waited for the learner to take

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from seedq.config.checks import (
     NETWORK_CHOICES, check_choice, check_decay_frames, check_non_negative, check_positive, check_unit_interval,
@@ -16,6 +17,10 @@ class R2D2Config:
     Sequences are burn_in + trace_length + n_step steps long and overlap by
     burn_in + n_step, so every step is in exactly one sequence's loss region.
     """
+
+    # The fields that set the learner's work per frame (benchmarks echo them).
+    WORK_PER_FRAME_FIELDS: typing.ClassVar[tuple[str, ...]] = (
+        "batch_size", "burn_in", "trace_length", "n_step", "replay_ratio")
 
     # Steps that only warm up the LSTM state (no loss, no gradient) before the loss region.
     burn_in: int = 10

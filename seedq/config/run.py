@@ -209,8 +209,50 @@ class TrainConfig:
     @property
     def training_batch(self) -> tuple[str, int]:
         """(field name, size) of the batch one update trains on: sequences of the agent's section."""
-        name = "r2d2.batch_size" if self.agent == "r2d2" else "vtrace.batch_size"
-        return name, getattr(self, self.agent).batch_size
+        return f"{self.agent}.batch_size", self.agent_section.batch_size
+
+    @property
+    def agent_section(self) -> "VTraceConfig | R2D2Config":
+        """The section of the agent the run trains (`vtrace` or `r2d2`): the
+        one place that asks which agent a run has."""
+        return self.r2d2 if self.agent == "r2d2" else self.vtrace
+
+    @property
+    def new_frames_per_unroll(self) -> int:
+        """New env frames in one stored sequence (the steps it shares with the
+        next one counted there): V-trace's unroll_length, R2D2's trace_length."""
+        return self.r2d2.trace_length if self.agent == "r2d2" else self.vtrace.unroll_length
+
+    @property
+    def new_frames_per_train_step(self) -> float:
+        """New env frames one train step consumes: V-trace trains each batch of
+        batch_size x unroll_length frames `reuse` times; R2D2 samples each
+        sequence's trace_length frames replay_ratio times."""
+        if self.agent == "r2d2":
+            return self.r2d2.batch_size * self.r2d2.trace_length / (self.r2d2.replay_ratio or 1.0)
+        return self.vtrace.batch_size * self.vtrace.unroll_length / self.vtrace.reuse
+
+    @property
+    def checkpoints_replay(self) -> bool:
+        """Whether checkpoints carry the replay (R2D2 with r2d2.checkpoint_replay)."""
+        return self.agent == "r2d2" and self.r2d2.checkpoint_replay
+
+    def without_replay_checkpoints(self) -> "TrainConfig":
+        """This config with replay left out of checkpoints (a learner group:
+        each process has its own replay, and orbax would keep only process 0's)."""
+        return dataclasses.replace(self, r2d2=dataclasses.replace(self.r2d2, checkpoint_replay=False))
+
+    @property
+    def training_reward_clip(self) -> float:
+        """The bound training rewards are clipped to (0: none): V-trace's
+        `vtrace.reward_clip` when set, else [-1, 1] on Atari with
+        `atari.clip_rewards` (the DQN/IMPALA convention). Reported returns are
+        always the unclipped ones."""
+        from seedq.envs import env_kind
+
+        if self.agent == "vtrace" and self.vtrace.reward_clip > 0:
+            return float(self.vtrace.reward_clip)
+        return 1.0 if env_kind(self.env) == "atari" and self.atari.clip_rewards else 0.0
 
     @property
     def env_options(self) -> EnvOptions:
@@ -237,7 +279,7 @@ DEFAULT_DECAY_FRAMES = 10_000_000
 def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
     """The run's agent section (config.vtrace or config.r2d2) with the anneal
     horizon -1 resolved against the run's budget."""
-    section = getattr(config, config.agent)
+    section = config.agent_section
     if section.learning_rate_decay_frames != -1:
         return section
     horizon = config.max_frames or DEFAULT_DECAY_FRAMES

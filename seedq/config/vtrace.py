@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 import math
 
 from seedq.config.checks import (
@@ -17,6 +18,9 @@ LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
 @dataclasses.dataclass(frozen=True)
 class VTraceConfig:
     """IMPALA / V-trace hyperparameters."""
+
+    # The fields that set the learner's work per frame (benchmarks echo them).
+    WORK_PER_FRAME_FIELDS: typing.ClassVar[tuple[str, ...]] = ("batch_size", "unroll_length", "lookahead", "reuse")
 
     # Env steps per unroll trained on. Short unrolls and small batches give
     # many updates per frame.

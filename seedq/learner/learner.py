@@ -22,7 +22,6 @@ import numpy as np
 
 from seedq import config as config_lib
 from seedq import jax_setup, schema
-from seedq.rollout.core import training_reward_clip
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig
@@ -118,7 +117,7 @@ class Learner:
             max_batch_size=config.server.max_batch_size,
             batch_timeout_ms=config.server.batch_timeout_ms,
             rng=act_rng,
-            reward_clip=training_reward_clip(config),
+            reward_clip=config.training_reward_clip,
             precision=self.precision,
             devices=self.devices.inference if len(self.devices.inference) > 1 else None,
             batching=BatchingRule(config.server.batching),
@@ -207,10 +206,7 @@ class Learner:
     @property
     def checkpoints_replay(self) -> bool:
         """Whether checkpoints carry this learner's replay (--r2d2.checkpoint-replay)."""
-        return (
-            self.config.agent == "r2d2" and self.config.r2d2.checkpoint_replay
-            and hasattr(self.batches, "checkpoint_state")
-        )
+        return self.config.checkpoints_replay
 
     def replay_checkpoint(self) -> tuple[dict, dict] | None:
         """(arrays, scalars) of the replay for a checkpoint, or None (not checkpointed, or
@@ -370,15 +366,12 @@ class Learner:
 
     def _warm_up(self) -> None:
         """Compiles the update while the first sequences are being collected."""
-        source = getattr(self.batches, "example_batch", None)
-        if source is None:
-            size = getattr(self.batches, "batch_size", 1)
+        zeros = self.batches.example_batch()
+        if zeros is None:
             zeros = {
-                name: np.zeros((size, *f.shape), f.dtype)
+                name: np.zeros((self.batches.batch_size, *f.shape), f.dtype)
                 for name, f in schema.stored_sequence_shapes(self.agent, self.spec).items()
             }
-        else:
-            zeros = source()
         zeros = zeros if self._parallel is None else self._parallel.place_batch(zeros)
         jax.block_until_ready(self._update(self.state, zeros))  # result discarded
 
@@ -460,7 +453,6 @@ class Learner:
                     if publishes > since.publishes else None
                 ),
             )
-        source_stats = getattr(self.batches, "stats", None)
         table = self.table
         return LearnerStats(
             time=now, learner_run=self.learner_run,
@@ -480,7 +472,7 @@ class Learner:
                 ActorStats(e.actor_id, e.run_id, e.num_envs, e.timed_out_waits) for e in table.entries()
             ),
             actor_runs_started=table.runs_started, actor_runs_ended=table.runs_dropped,
-            batch_source=dict(source_stats()) if source_stats is not None else {},
+            batch_source=dict(self.batches.stats()),
             int8_plan=None if self.int8_plan is None else self.int8_plan.to_dict(),
             devices=self.describe_devices(),
             inference_busy_seconds=inference.busy_seconds, queue_held_seconds=inference.backpressure_seconds,

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from seedq.agents.base import BatchSource
 from seedq.schema import StepFieldSpec
 from seedq.replay.sum_tree import SumTree
 
@@ -284,7 +285,7 @@ class PrioritizedReplay:
         return float(stored.mean()), float(stored.max())
 
 
-class PrioritizedBatches:
+class PrioritizedBatches(BatchSource):
     """`BatchSource` for replay-based agents: UnrollQueue -> replay -> batches.
 
     Replay-ratio control (`replay_ratio` = r > 0, sequences sampled per

@@ -33,18 +33,6 @@ from seedq.rollout.store import UnrollStore
 log = logging.getLogger("seedq.rollout")
 
 
-def training_reward_clip(config) -> float:
-    """The bound training rewards are clipped to (0: none), for a TrainConfig:
-    `vtrace.reward_clip` when set, else [-1, 1] on Atari with
-    `atari.clip_rewards` (the DQN/IMPALA convention). Reported returns are
-    always the unclipped ones."""
-    from seedq.envs import env_kind
-
-    if config.agent == "vtrace" and config.vtrace.reward_clip > 0:
-        return float(config.vtrace.reward_clip)
-    return 1.0 if env_kind(config.env) == "atari" and config.atari.clip_rewards else 0.0
-
-
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
     """`x` with axis 0 padded to `size` rows of `fill` (unchanged if it has as
     many): fixed batch shapes, one compiled program per size; growing tables."""
@@ -180,10 +168,10 @@ class ActingCore:
         if num_slots != self._num_slots:  # per-slot constants of `act`, and which slots are recorded
             self._num_slots, slots = num_slots, np.arange(num_slots)
             self.inputs = self.agent.actor_inputs(slots)
-            store_mask = getattr(self.agent, "store_mask", None)  # False: not recorded (R2D2's eval envs)
-            self.store_mask = None if store_mask is None else np.asarray(store_mask(slots), bool)
-            report_mask = getattr(self.agent, "report_mask", None)  # False: not in the run's return
-            self.report_mask = None if report_mask is None else np.asarray(report_mask(slots), bool)
+            store_mask = self.agent.store_mask(slots)  # False: not recorded (R2D2's eval envs)
+            self.store_mask = None if store_mask is None else np.asarray(store_mask, bool)
+            report_mask = self.agent.report_mask(slots)  # False: not in the run's return
+            self.report_mask = None if report_mask is None else np.asarray(report_mask, bool)
 
     def reported_episodes(self, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the episodes `result` ended that count in the run's return."""

@@ -35,6 +35,7 @@ import optax
 from seedq import schema
 from seedq.schema import EnvSpec, SequenceSpec, StepFieldSpec
 from seedq.agents import schedules
+from seedq.agents.base import Agent
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
 from seedq.agents.r2d2 import losses
@@ -71,8 +72,13 @@ def exploration_epsilons(
     return np.where(j < 0, config.eval_epsilon, eps).astype(np.float32)
 
 
-class R2D2Agent:
+class R2D2Agent(Agent):
     """Plugs R2D2 into the learner through `seedq.agents.base.Agent`."""
+
+    samples_replay = True
+    q_network = True
+    # Its behaviour is epsilon-greedy: there is no softmax to sample.
+    evaluation_modes = ("greedy", "eps")
 
     def __init__(self, spec: EnvSpec, config: R2D2Config, num_envs: int, seed: int = 0,
                  frame_stack: int = 4):
@@ -89,8 +95,9 @@ class R2D2Agent:
         # Pixel envs: the last frame_stack - 1 frames are core state (stacked on the learner).
         self.frames = frame_stacker(spec.obs_shape, spec.obs_dtype, frame_stack)
         self.obs_shape = self.frames.stacked_shape if self.frames else tuple(spec.obs_shape)
+        self.network_name = choose_network(config.network, self.obs_shape)
         self.network = RecurrentQNetwork(
-            torso=choose_network(config.network, self.obs_shape),
+            torso=self.network_name,
             num_actions=spec.num_actions,
             hidden_sizes=tuple(config.hidden_sizes),
             lstm_size=config.lstm_size,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from seedq.agents.base import FifoBatches
+from seedq.agents.base import Agent, FifoBatches
 from seedq.schema import SequenceSpec, StepFieldSpec
 from seedq.agents import health, normalization, schedules
 from seedq.agents.frames import frame_stacker
@@ -79,7 +79,7 @@ def lookahead_schedule(config: VTraceConfig) -> optax.Schedule:
     return lambda step: config.lookahead - falling(step)
 
 
-class VTraceAgent:
+class VTraceAgent(Agent):
     """Plugs V-trace into the learner through `seedq.agents.base.Agent`.
 
     Core (per-env recurrent) state, kept by the server and stored once per
