@@ -276,6 +276,62 @@ def test_an_unauthenticated_request_is_refused_before_it_is_received(tmp_path):
 
 
 @pytest.mark.e2e
+def test_the_health_service_takes_small_requests_and_few_watches_without_a_token(tmp_path):
+    """No token guards the health service: a request over 64 KiB is refused
+    (Check and Watch alike) before it is decoded, and Watch streams beyond
+    the cap are refused, while a normal check still answers."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    big = health_pb2.HealthCheckRequest(service="x" * (100 << 10))
+
+    async def code_of(call) -> grpc.StatusCode:
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    async def main():
+        server, address, set_serving = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0", auth=AuthConfig(token_file=str(token)))
+        await set_serving(True)
+        try:
+            async with grpc.aio.insecure_channel(address) as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                codes = {}
+                try:
+                    await stub.Check(big, timeout=30)
+                    codes["Check 100 KiB"] = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as e:
+                    codes["Check 100 KiB"] = e.code()
+                codes["Watch 100 KiB"] = await code_of(stub.Watch(big, timeout=30))
+                watches = [stub.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(channel.MAX_HEALTH_WATCHES)]
+                first = [(await w.read()).status for w in watches]  # each is open and answered
+                codes["one Watch too many"] = await code_of(stub.Watch(health_pb2.HealthCheckRequest(), timeout=30))
+                watches.pop().cancel()
+                await asyncio.sleep(0.2)
+                again = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                codes["a Watch after one closed"] = health_pb2.HealthCheckResponse.ServingStatus.Name((await again.read()).status)
+                again.cancel()
+                for w in watches:
+                    w.cancel()
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=channel.LEARNER_SERVICE), timeout=30)
+                codes["Check"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return codes, set(first)
+        finally:
+            await server.stop(None)
+
+    codes, first = asyncio.run(main())
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert codes == {"Check 100 KiB": exhausted, "Watch 100 KiB": exhausted, "one Watch too many": exhausted,
+                     "a Watch after one closed": "SERVING", "Check": "SERVING"}
+    assert first == {health_pb2.HealthCheckResponse.SERVING}
+
+
+@pytest.mark.e2e
 def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
     use server.health_port; no Learner RPC is reachable there."""
