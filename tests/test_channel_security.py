@@ -598,8 +598,28 @@ def test_certs_never_write_a_key_into_a_file_others_can_read(tmp_path, monkeypat
         return real_fdopen(fd, *args, **kwargs)
 
     monkeypatch.setattr(os, "fdopen", fdopen)
-    paths = certs_lib.make(str(out), hosts=("localhost",))
+    paths = certs_lib.make(str(out), hosts=("localhost",), replace=True)
     monkeypatch.undo()
     assert modes_at_write.count(0o600) >= 4 and set(modes_at_write) <= {0o600, 0o644}
     for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
         assert stat.S_IMODE(os.stat(paths[name] if name in paths else out / name).st_mode) == 0o600
+
+
+@pytest.mark.unit
+def test_certs_refuse_to_replace_a_cluster_ca_unless_told(tmp_path, capsys):
+    """A new CA key over the old one would untrust every certificate the old
+    CA signed: `seedq certs` refuses (one line, exit 2, nothing written)
+    unless --replace says so."""
+    from seedq import cli
+
+    out = tmp_path / "pki"
+    assert cli.main(["certs", "--out", str(out)]) == 0
+    before = {name: (out / name).read_bytes() for name in certs_lib.FILES}
+    capsys.readouterr()
+    assert cli.main(["certs", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "ca-key.pem" in err and "--replace" in err and len(err.strip().splitlines()) == 1
+    assert {name: (out / name).read_bytes() for name in certs_lib.FILES} == before
+    assert sorted(os.listdir(out)) == sorted(certs_lib.FILES)  # no temporary file left either
+    assert cli.main(["certs", "--out", str(out), "--replace"]) == 0
+    assert (out / "ca-key.pem").read_bytes() != before["ca-key.pem"]
