@@ -323,6 +323,7 @@ def test_the_health_service_takes_small_requests_and_few_watches_without_a_token
                 first = [(await w.read()).status for w in watches]  # each is open and answered
                 codes["one Watch too many"] = await code_of(stub.Watch(health_pb2.HealthCheckRequest(), timeout=30))
                 watches.pop().cancel()
+                status = None
                 for _ in range(100):  # the server sees the cancel a moment later: a bounded wait
                     again = stub.Watch(health_pb2.HealthCheckRequest(service=""))
                     try:
