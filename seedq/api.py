@@ -117,7 +117,7 @@ def evaluate(policy_or_path, env: str | None = None, episodes: int = 10, *, seed
     `policy_or_path`: a `Policy`, or anything `load_policy` reads."""
     from seedq import evaluation
 
-    policy = policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path)
+    policy = policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path, env=env)
     env_id = env or policy.env_id
     if env_id != policy.env_id:
         from seedq.envs import env_spec

@@ -10,7 +10,24 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+
+
+def _new_temporary(path: str) -> tuple[int, str]:
+    """(fd, name) of a new file beside `path`, created with the mode every
+    file of a run directory gets: 0666 less the umask, as open() and orbax's
+    checkpoints make them (tempfile.mkstemp would make it 0600). A run's
+    files hold no key material (config.json names credential files, it does
+    not hold them), so one rule for all of them; a private run is a private
+    umask (077) or a private --logdir."""
+    directory = os.path.dirname(os.path.abspath(path))
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def write_text_atomically(path: str, text: str, *, durable: bool = True) -> None:
@@ -18,7 +35,7 @@ def write_text_atomically(path: str, text: str, *, durable: bool = True) -> None
     rename are on disk when this returns (fsync of the file, then of its
     directory), so a power loss right after cannot leave an empty file."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = _new_temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -17,6 +17,8 @@ import ipaddress
 import os
 import secrets
 
+from seedq import exit_codes
+
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -111,15 +113,28 @@ def _certificate(subject, issuer, public_key, signing_key, days: int, *, ca: boo
     return builder.sign(signing_key, hashes.SHA256())
 
 
-def make(out: str, hosts=DEFAULT_HOSTS, days: int = 365) -> dict[str, str]:
-    """Writes the files listed in the module docstring to `out`; returns {name: path}."""
+# Every file `make` writes, the CA's key first: the one that cannot be made again.
+FILES = ("ca-key.pem", "ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem", "token")
+
+
+def make(out: str, hosts=DEFAULT_HOSTS, days: int = 365, *, replace: bool = False) -> dict[str, str]:
+    """Writes the files listed in the module docstring to `out`; returns {name: path}.
+    A cluster's credentials already in `out` (a CA key above all: every
+    certificate it signed stops being trusted without it) are replaced only
+    with `replace`; UsageError (one line) otherwise, before anything is written."""
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     hosts = tuple(h.strip() for h in hosts if h.strip())
     if not hosts:
-        raise ValueError("--hosts: give at least one name or address the learner is dialled by")
+        raise exit_codes.UsageError("--hosts: give at least one name or address the learner is dialled by")
     if days <= 0:
-        raise ValueError(f"--days {days}: must be > 0")
+        raise exit_codes.UsageError(f"--days {days}: must be > 0")
+    existing = [name for name in FILES if os.path.lexists(os.path.join(out, name))]
+    if existing and not replace:
+        raise exit_codes.UsageError(
+            f"--out {out} already holds {', '.join(existing)}: a new CA would make every certificate the "
+            "old one signed untrusted; give another --out, or --replace to replace them"
+        )
     os.makedirs(out, exist_ok=True)
     ca_key = _new_key()
     ca_name = _name("seedq cluster CA")
@@ -139,7 +154,8 @@ def make(out: str, hosts=DEFAULT_HOSTS, days: int = 365) -> dict[str, str]:
         "token": ((secrets.token_urlsafe(32) + "\n").encode(), True),
     }
     paths = {}
-    for name, (data, secret) in files.items():
+    for name in FILES:
+        data, secret = files[name]
         paths[name] = os.path.join(out, name)
         _write(paths[name], data, secret)
     return paths

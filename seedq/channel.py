@@ -212,14 +212,24 @@ def server_interceptors(auth: AuthConfig) -> list[grpc.aio.ServerInterceptor]:
     return [TokenInterceptor(read_token(auth.token_file))] if auth.token_file else []
 
 
+# The health service takes no token, so it must hold little for anyone:
+# requests of at most this many bytes (a real one is a service name; the
+# server's own limit, 64 MiB, is for actors' batches) ...
+MAX_HEALTH_REQUEST_BYTES = 64 << 10
+# ... and at most this many Watch streams open at once over every port (a
+# kubelet probe uses Check; a Watch holds a task and a waiter for its life).
+MAX_HEALTH_WATCHES = 32
+
+
 async def add_health_service(*servers: grpc.aio.Server):
     """Adds one standard gRPC health service to `servers`; returns a coroutine
     function `set_serving(bool)` that updates the status of "" and the Learner service."""
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_health.v1 import health, health_pb2
 
     servicer = health.aio.HealthServicer()
+    handler = _bounded_health_handler(servicer)
     for server in servers:
-        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((handler,))
 
     async def set_serving(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -228,6 +238,49 @@ async def add_health_service(*servers: grpc.aio.Server):
 
     await set_serving(False)
     return set_serving
+
+
+def _bounded_health_handler(servicer) -> grpc.GenericRpcHandler:
+    """grpc.health.v1.Health served by `servicer` (grpcio's own), with the
+    bounds above: the request arrives as bytes (no deserializer), so a
+    request over MAX_HEALTH_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED
+    before it is decoded, as is a Watch beyond MAX_HEALTH_WATCHES."""
+    from grpc_health.v1 import health_pb2
+
+    watches = [0]
+
+    async def request(data: bytes, context):
+        if len(data) > MAX_HEALTH_REQUEST_BYTES:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"health request of {len(data)} bytes: at most {MAX_HEALTH_REQUEST_BYTES} are taken",
+            )
+        try:
+            return health_pb2.HealthCheckRequest.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError, whatever its module
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a HealthCheckRequest")
+
+    async def check(data: bytes, context):
+        return await servicer.Check(await request(data, context), context)
+
+    async def watch(data: bytes, context):
+        checked = await request(data, context)
+        if watches[0] >= MAX_HEALTH_WATCHES:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_HEALTH_WATCHES} health Watch streams are open already (use Check)",
+            )
+        watches[0] += 1
+        try:
+            await servicer.Watch(checked, context)
+        finally:
+            watches[0] -= 1
+
+    serialize = health_pb2.HealthCheckResponse.SerializeToString
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+        "Check": grpc.unary_unary_rpc_method_handler(check, response_serializer=serialize),
+        "Watch": grpc.unary_stream_rpc_method_handler(watch, response_serializer=serialize),
+    })
 
 
 # Longest unix socket path the kernel takes (sockaddr_un.sun_path, less its NUL).

@@ -257,24 +257,58 @@ def _onnx_runner(path: str, input_names):
     return run
 
 
-def open_export(path: str) -> tuple[_ExportedBackend, dict]:
+def open_export(path: str, env: str | None = None) -> tuple[_ExportedBackend, dict]:
     """The backend of the export directory `path` and the fields of its
-    `seedq.policy.PolicyInfo` (env, env_options, spec, source, precision)."""
+    `seedq.policy.PolicyInfo` (env, env_options, spec, source, precision).
+
+    An export may come from anyone, so `policy.json` is data only: an env id
+    that imports or calls code (`seedq.envs.names_code`) is refused unless
+    the caller gives `env` (which then replaces it), and the program must be
+    a file inside `path`. Both are checked before anything is imported or
+    the program is read. ValueError in one line otherwise."""
     from seedq import config as config_lib
+    from seedq.envs import names_code
 
     try:
         with open(os.path.join(path, META_FILE)) as f:
             meta = json.load(f)
         if meta.get("layout") != EXPORT_LAYOUT:
             raise ValueError(f"export layout {meta.get('layout')}, this seedq reads {EXPORT_LAYOUT}")
+        if not env and names_code(str(meta["env"])):
+            raise ExportRefused(
+                f"{path}: its env {meta['env']!r} imports or calls code named in {META_FILE}; give the env "
+                "explicitly (env= of seedq.load_policy or seedq.evaluate; the same id, if you trust it)"
+            )
+        program = program_path(path, meta["program"])
         spec_data = meta["spec"]
         spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec_data.items()})
         options = config_lib.from_dict(config_lib.EnvOptions, meta["env_options"])
-        program = os.path.join(path, meta["program"])
         runner = (_stablehlo_runner(program) if meta["format"] == "stablehlo"
                   else _onnx_runner(program, meta["inputs"]))
+    except ExportRefused:
+        raise
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: not a readable seedq export ({e})") from None
-    info = {"env": meta["env"], "env_options": options, "spec": spec, "source": path,
+    info = {"env": env or meta["env"], "env_options": options, "spec": spec, "source": path,
             "precision": meta["precision"]}
     return _ExportedBackend(meta, runner), info
+
+
+class ExportRefused(ValueError):
+    """An export that names code to run or a file outside its directory."""
+
+
+def program_path(export_dir: str, program) -> str:
+    """The path of `policy.json`'s `program`: a relative name of a file
+    inside `export_dir`, symlinks resolved. An absolute path, a `..` or a
+    symlink pointing out of the directory is refused (ExportRefused)."""
+    if not isinstance(program, str) or not program:
+        raise ExportRefused(f"{export_dir}: {META_FILE} names no program file")
+    parts = program.replace("\\", "/").split("/")
+    if os.path.isabs(program) or ".." in parts:
+        raise ExportRefused(f"{export_dir}: its program {program!r} is not a file inside the export directory")
+    root = os.path.realpath(export_dir)
+    resolved = os.path.realpath(os.path.join(root, program))
+    if os.path.commonpath([root, resolved]) != root or resolved == root:
+        raise ExportRefused(f"{export_dir}: its program {program!r} points outside the export directory")
+    return resolved

@@ -97,6 +97,10 @@ class _GroupStopRequest:
         return self._reason
 
 
+def _still_saving(signum, frame) -> None:
+    print("\nstill saving the final checkpoint and summary.json (kill -9 abandons them)", flush=True)
+
+
 def spawn_actors(
     address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
 ) -> list[subprocess.Popen]:
@@ -210,7 +214,11 @@ def train(
                 print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
         finally:
             if previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
+                # Until the final checkpoint and summary.json are written: a
+                # second Ctrl-C or SIGTERM there would leave a run without its
+                # summary (SIGKILL still ends it at once).
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGINT, _still_saving)
             if reporter is not None and stop_reason == "error":
                 reporter.close_display()
             stop_processes(actors)

@@ -183,17 +183,23 @@ def load_policy(path: str | os.PathLike, *, precision: str | None = None, env: s
     """The policy at `path`: a run directory (its newest checkpoint), a
     checkpoint step directory (`RUN/checkpoints/step_*`), or a directory
     written by `seedq export`. `precision` (fp32, bf16, int8) overrides a
-    checkpoint's inference precision. `env` is needed for a checkpoint whose
-    env id imports or calls code (`factory:...`, `module:Env`): the same id,
-    given when you trust it. ValueError in one line where `path` is none of
-    these."""
+    checkpoint's inference precision. `env` is needed for a checkpoint or an
+    export whose env id imports or calls code (`factory:...`, `module:Env`):
+    the same id, given when you trust it (another env must fit the policy's
+    spaces). ValueError in one line where `path` is none of these."""
     path = os.fspath(path)
     from seedq.export import is_export_dir, open_export
 
     if is_export_dir(path):
         if precision is not None:
             raise ValueError(f"{path}: an exported policy keeps the precision it was exported at")
-        backend, info = open_export(path)
+        backend, info = open_export(path, env=env)
+        if env:
+            from seedq.envs import env_spec
+
+            mismatch = info["spec"].describe_mismatch(env_spec(env, info["env_options"]))
+            if mismatch:
+                raise ValueError(f"{path}: env {env} does not fit this exported policy ({mismatch})")
         return Policy(backend, PolicyInfo(**info))
     from seedq import evaluation
 

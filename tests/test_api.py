@@ -316,3 +316,87 @@ def test_a_recurrent_policy_carries_its_state_through_the_exported_program(tmp_p
             for policy in (own, exported):
                 policy.reset([step % 3])
     assert len(np.unique(chosen)) == 2
+
+
+# --- exports hold data only (issue 60) ---
+
+
+def _write_export(out, **meta_overrides):
+    """A real StableHLO export of an untrained CartPole V-trace policy at `out`
+    (seedq.export's own program and policy.json fields), with `meta_overrides`."""
+    import dataclasses
+
+    import jax
+
+    from seedq import config as config_lib
+    from seedq import export
+    from seedq.agents import make_agent
+    from seedq.config import TrainConfig
+    from seedq.envs import env_spec
+    from seedq.quant.mode import InferencePrecision
+
+    config = TrainConfig(env="CartPole-v1")
+    spec = env_spec(config.env)
+    agent = make_agent(config, spec)
+    precision = InferencePrecision(agent, spec, "fp32")
+    params = agent.inference_params(jax.jit(agent.init)(jax.random.PRNGKey(0)))
+    program, names, example = export._greedy_program(precision, params)
+    (batch,) = jax.export.symbolic_shape("B")
+    out.mkdir()
+    export._write_stablehlo(program, export._input_specs(spec, names, example, batch), str(out / "policy.stablehlo"))
+    meta = {"layout": export.EXPORT_LAYOUT, "format": "stablehlo", "program": "policy.stablehlo",
+            "precision": "fp32", "env": config.env, "env_options": config_lib.to_dict(config.env_options),
+            "spec": dataclasses.asdict(spec), "inputs": ["obs"], "outputs": ["actions"], "state": [],
+            **meta_overrides}
+    (out / "policy.json").write_text(json.dumps(meta))
+    return out
+
+
+@pytest.fixture
+def code_module(tmp_path, monkeypatch):
+    """A module on sys.path that leaves a file behind when it is imported."""
+    imported = tmp_path / "imported"
+    (tmp_path / "env_code_seedq_test.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n"
+        "def make(**kwargs):\n    import gymnasium\n    return gymnasium.make('CartPole-v1')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield imported
+    sys.modules.pop("env_code_seedq_test", None)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("env", ["factory:env_code_seedq_test:make", "env_code_seedq_test:Code-v0"])
+def test_an_export_whose_env_names_code_is_refused_unless_the_caller_names_the_env(tmp_path, code_module, env):
+    out = _write_export(tmp_path / "export", env=env)
+    for load in (lambda: seedq.load_policy(out), lambda: seedq.evaluate(out, episodes=1)):
+        with pytest.raises(ValueError) as refused:
+            load()
+        assert "imports or calls code" in str(refused.value) and "\n" not in str(refused.value)
+    assert not code_module.exists() and "env_code_seedq_test" not in sys.modules
+    # Named by the caller, the env replaces the export's: evaluate passes it on to load_policy.
+    policy = seedq.load_policy(out, env="CartPole-v1")
+    assert policy.env_id == "CartPole-v1" and policy.make_env().spec.id == "CartPole-v1"
+    assert len(seedq.evaluate(out, env="CartPole-v1", episodes=1).returns) == 1
+    assert not code_module.exists()
+
+
+@pytest.mark.unit
+def test_an_export_whose_program_lies_outside_its_directory_is_refused_unread(tmp_path, monkeypatch):
+    from seedq import export
+
+    outside = _write_export(tmp_path / "outside") / "policy.stablehlo"
+    opened = []
+    monkeypatch.setattr(export, "_stablehlo_runner", lambda path: opened.append(path))
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "policy.json").write_text((outside.parent / "policy.json").read_text())
+    (linked / "policy.stablehlo").symlink_to(outside)
+    cases = {"absolute": _write_export(tmp_path / "absolute", program=str(outside)),
+             "parent": _write_export(tmp_path / "parent", program="../outside/policy.stablehlo"),
+             "symlink": linked}
+    for name, directory in cases.items():
+        with pytest.raises(ValueError) as refused:
+            seedq.load_policy(directory)
+        assert "export directory" in str(refused.value) and "\n" not in str(refused.value), name
+    assert opened == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -73,3 +74,22 @@ def test_config_json_survives_a_write_that_fails_midway(tmp_path, monkeypatch):
         config_lib.save(config_lib.TrainConfig(env="Acrobot-v1"), path)
     monkeypatch.undo()
     assert config_lib.load(path).env == "CartPole-v1"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_config_and_summary_get_the_mode_of_every_other_run_file(tmp_path, umask):
+    """One rule for a run directory's files: 0666 less the umask, as open()
+    gives curves.csv and TensorBoard's events and orbax its checkpoints."""
+    from seedq import config as config_lib
+    from seedq.config import TrainConfig
+
+    previous = os.umask(umask)
+    try:
+        with open(tmp_path / "curves.csv", "w"):
+            pass
+        config_lib.save(TrainConfig(env="CartPole-v1"), str(tmp_path / "config.json"))
+        sinks.write_json_atomically(str(tmp_path / "summary.json"), {"stop_reason": "max_frames"}, indent=2)
+    finally:
+        os.umask(previous)
+    modes = {name: stat.S_IMODE(os.stat(tmp_path / name).st_mode) for name in os.listdir(tmp_path)}
+    assert modes == {"curves.csv": 0o666 & ~umask, "config.json": 0o666 & ~umask, "summary.json": 0o666 & ~umask}

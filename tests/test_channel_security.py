@@ -276,6 +276,81 @@ def test_an_unauthenticated_request_is_refused_before_it_is_received(tmp_path):
 
 
 @pytest.mark.e2e
+def test_the_health_service_takes_small_requests_and_few_watches_without_a_token(tmp_path):
+    """No token guards the health service: a request over 64 KiB is refused
+    (Check and Watch alike) before it is decoded, and Watch streams beyond
+    the cap are refused, while a normal check still answers."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    big = health_pb2.HealthCheckRequest(service="x" * (100 << 10))
+
+    async def code_of(call) -> grpc.StatusCode:
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    async def check_code(stub, request) -> grpc.StatusCode:
+        try:
+            await stub.Check(request, timeout=30)
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    health_port = free_port()
+
+    async def main():
+        server, address, set_serving = await start_server(
+            seed_pb2_grpc.LearnerServicer(), "127.0.0.1:0", auth=AuthConfig(token_file=str(token)),
+            server_config=ServerConfig(health_port=health_port))
+        await set_serving(True)
+        try:
+            codes = {}
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                codes["health port: Check 100 KiB"] = await check_code(stub, big)
+                codes["health port: Watch 100 KiB"] = await code_of(stub.Watch(big, timeout=30))
+                codes["health port: Check"] = await check_code(stub, health_pb2.HealthCheckRequest())
+            async with grpc.aio.insecure_channel(address) as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                codes["Check 100 KiB"] = await check_code(stub, big)
+                codes["Watch 100 KiB"] = await code_of(stub.Watch(big, timeout=30))
+                watches = [stub.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(channel.MAX_HEALTH_WATCHES)]
+                first = [(await w.read()).status for w in watches]  # each is open and answered
+                codes["one Watch too many"] = await code_of(stub.Watch(health_pb2.HealthCheckRequest(), timeout=30))
+                watches.pop().cancel()
+                status = None
+                for _ in range(100):  # the server sees the cancel a moment later: a bounded wait
+                    again = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                    try:
+                        status = (await again.read()).status
+                        break
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.1)
+                codes["a Watch after one closed"] = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                again.cancel()
+                for w in watches:
+                    w.cancel()
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=channel.LEARNER_SERVICE), timeout=30)
+                codes["Check"] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return codes, set(first)
+        finally:
+            await server.stop(None)
+
+    codes, first = asyncio.run(main())
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert codes == {"Check 100 KiB": exhausted, "Watch 100 KiB": exhausted, "one Watch too many": exhausted,
+                     "a Watch after one closed": "SERVING", "Check": "SERVING",
+                     "health port: Check 100 KiB": exhausted, "health port: Watch 100 KiB": exhausted,
+                     "health port: Check": grpc.StatusCode.OK}
+    assert first == {health_pb2.HealthCheckResponse.SERVING}
+
+
+@pytest.mark.e2e
 def test_plaintext_health_port_answers_health_checks_and_nothing_else(pki):
     """With TLS on the actor port, probes that cannot speak TLS (the kubelet's)
     use server.health_port; no Learner RPC is reachable there."""
@@ -542,8 +617,28 @@ def test_certs_never_write_a_key_into_a_file_others_can_read(tmp_path, monkeypat
         return real_fdopen(fd, *args, **kwargs)
 
     monkeypatch.setattr(os, "fdopen", fdopen)
-    paths = certs_lib.make(str(out), hosts=("localhost",))
+    paths = certs_lib.make(str(out), hosts=("localhost",), replace=True)
     monkeypatch.undo()
     assert modes_at_write.count(0o600) >= 4 and set(modes_at_write) <= {0o600, 0o644}
     for name in ("ca-key.pem", "server-key.pem", "client-key.pem", "token"):
         assert stat.S_IMODE(os.stat(paths[name] if name in paths else out / name).st_mode) == 0o600
+
+
+@pytest.mark.unit
+def test_certs_refuse_to_replace_a_cluster_ca_unless_told(tmp_path, capsys):
+    """A new CA key over the old one would untrust every certificate the old
+    CA signed: `seedq certs` refuses (one line, exit 2, nothing written)
+    unless --replace says so."""
+    from seedq import cli
+
+    out = tmp_path / "pki"
+    assert cli.main(["certs", "--out", str(out)]) == 0
+    before = {name: (out / name).read_bytes() for name in certs_lib.FILES}
+    capsys.readouterr()
+    assert cli.main(["certs", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "ca-key.pem" in err and "--replace" in err and len(err.strip().splitlines()) == 1
+    assert {name: (out / name).read_bytes() for name in certs_lib.FILES} == before
+    assert sorted(os.listdir(out)) == sorted(certs_lib.FILES)  # no temporary file left either
+    assert cli.main(["certs", "--out", str(out), "--replace"]) == 0
+    assert (out / "ca-key.pem").read_bytes() != before["ca-key.pem"]

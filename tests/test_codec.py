@@ -345,6 +345,21 @@ def test_decode_actions_length_check(spec, n_encoded, n_expected):
     assert str(expected_bytes) in str(info.value)
 
 
+@pytest.mark.parametrize("actions,bad", [([0, 1, 2, 1], "env 2's action 2"), ([1, -1, 0, 0], "env 1's action -1")])
+def test_decode_actions_refuses_a_discrete_action_outside_the_space(actions, bad):
+    """The actor checks what the learner sends before its env acts on it."""
+    message = codec.encode_actions(np.array(actions), DISCRETE, policy_version=1)
+    with raises_field("actions.actions") as info:
+        codec.decode_actions(message, DISCRETE, 4)
+    assert bad in str(info.value) and "Discrete(2)" in str(info.value)
+
+
+def test_decode_actions_refuses_non_finite_box_actions():
+    message = codec.encode_actions(np.array([[0.0, np.nan]]), BOX, policy_version=1)
+    with raises_field("actions.actions"):
+        codec.decode_actions(message, BOX, 1)
+
+
 def test_decode_actions_needs_action_batch():
     ack = seed_pb2.LearnerMessage(ack=seed_pb2.HandshakeAck(protocol_version=1))
     with raises_field("actions"):

@@ -54,6 +54,29 @@ def test_a_resumed_run_keeps_the_rows_up_to_its_checkpoint(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_resume_that_fails_while_restarting_the_file_leaves_every_row(tmp_path, monkeypatch):
+    """The resumed file's start replaces the old one in one rename: a failure
+    midway (a full disk, a kill) leaves the old rows, not a truncated file."""
+    sink = curves.CurvesSink(str(tmp_path))
+    for frames in (1000, 2000, 3000):
+        sink.tick(_tick(frames, 10.0))
+    sink.flush()
+    before = (tmp_path / "curves.csv").read_text()
+    real_writerow, written = csv.DictWriter.writerow, []
+
+    def writerow(self, row):
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(row)
+        return real_writerow(self, row)
+
+    monkeypatch.setattr(csv.DictWriter, "writerow", writerow)
+    with pytest.raises(OSError, match="No space left"):
+        curves.CurvesSink(str(tmp_path), resumed_frames=2000)
+    assert (tmp_path / "curves.csv").read_text() == before
+
+
+@pytest.mark.unit
 def test_plot_overlays_runs_and_names_a_directory_without_curves(tmp_path):
     for name, ret in (("a", 10.0), ("b", 30.0)):
         (tmp_path / name).mkdir()

@@ -399,6 +399,32 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     assert "--allow=tcp:50051" in firewall and "--source-tags=seedq-actor" in firewall
 
 
+@pytest.mark.e2e
+def test_the_learner_vm_restricts_its_copied_credentials_even_when_the_install_fails(token, tmp_path):
+    """scp leaves the token world-readable; the learner host's shell makes it
+    0600 before anything that can fail under `set -e` (apt-get's install,
+    failing here) could skip the chmod."""
+    script = dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token)
+    ssh = [c for c in _commands(script)
+           if c[:3] == ["gcloud", "compute", "ssh"] and any(w.startswith("--command=") for w in c)][-1]
+    remote = next(w for w in ssh if w.startswith("--command=")).removeprefix("--command=")
+    host = tmp_path / "host"
+    (host / "seedq").mkdir(parents=True)
+    copied = host / "seedq" / "token"
+    copied.write_text("s3cret-token\n")
+    copied.chmod(0o644)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # apt-get install fails (no network, a held dpkg lock): the last command of its && list, so set -e stops there.
+    (bin_dir / "sudo").write_text('#!/bin/sh\ncase "$*" in *install*) exit 100;; esac\n')
+    (bin_dir / "sudo").chmod(0o755)
+    result = subprocess.run(["bash", "-c", remote], cwd=host, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 100, result.stderr
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o600
+    assert not (host / "seedq" / "venv").exists()  # set -e stopped it at the failed install
+
+
 @pytest.mark.unit
 def test_actor_vms_hold_the_least_they_need(token):
     """Their own service account (one role: reading the run's secrets), not the

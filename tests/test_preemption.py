@@ -128,3 +128,46 @@ def test_sigterm_checkpoints_and_exits_143_then_resume_auto_continues(tmp_path):
     print(f"SIGTERM at {summary['train_steps']} train steps / {summary['frames']:,} frames -> rc 143, "
           f"{os.path.basename(summary['checkpoint'])}; resumed to {resumed['frames']:,} frames, "
           f"{resumed['train_steps']} steps, segments {resumed['segments']}")
+
+
+@pytest.mark.e2e
+def test_a_second_ctrl_c_during_the_final_checkpoint_still_writes_the_summary(tmp_path, monkeypatch):
+    """Ctrl-C stops the run; another while the final checkpoint is written
+    must not cost the run its summary.json (or its checkpoint)."""
+    import threading
+
+    from seedq.learner.reporting import RunReporter
+
+    run = tmp_path / "run"
+    real_checkpoint, second_at = RunReporter.checkpoint, []
+
+    def checkpoint(self, *, final=False):
+        if final:
+            second_at.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, as the final save starts
+        return real_checkpoint(self, final=final)
+
+    monkeypatch.setattr(RunReporter, "checkpoint", checkpoint)
+
+    def first_ctrl_c():  # once training has logged a row: a bounded wait
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_csv_rows(run / "curves.csv")) < 2:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=first_ctrl_c, daemon=True).start()
+    try:
+        code = cli.main(["train", "--env", "CartPole-v1", "--logdir", str(run), "--num-actors", "1",
+                         "--max-seconds", "150", "--target-return", "none", "--eval-episodes", "0",
+                         "--log-every-seconds", "0.5", "--quiet"])
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt out of seedq train"
+    assert second_at, "the final checkpoint was never written"
+    assert (run / "summary.json").exists(), code
+    summary = json.loads((run / "summary.json").read_text())
+    assert (code, summary["stop_reason"]) == (exit_codes.INTERRUPTED, "interrupted")
+    assert os.path.isdir(summary["checkpoint"])
+
+
+def _csv_rows(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

@@ -405,3 +405,78 @@ def test_an_inference_failure_ends_the_run_with_learner_error_and_exit_1(tmp_pat
     assert "learner failed: FloatingPointError" in capsys.readouterr().err
     print(f"inference failure -> exit {code}, stop_reason {summary['stop_reason']}, "
           f"{ended - failed_at[0]:.1f}s from the failure to the learner's exit")
+
+
+def _train_until_the_injected_failure(run, failed_at, *flags):
+    """`seedq train` on CartPole (this process is the learner) until an injected
+    failure ends it; returns (exit code, summary.json, seconds from the failure to the exit)."""
+    from seedq import cli
+
+    code = cli.main(["train", "--env", "CartPole-v1", "--logdir", str(run), "--max-seconds", "120",
+                     "--num-actors", "1", "--target-return", "none", "--eval-episodes", "0",
+                     "--log-every-seconds", "0.5", "--quiet", *flags])
+    ended = time.monotonic()
+    summary = json.loads((run / "summary.json").read_text())
+    assert failed_at, f"the failure was never injected (stop_reason {summary.get('stop_reason')})"
+    return code, summary, ended - failed_at[0]
+
+
+def _failing_on_call(n, error, failed_at, real):
+    """`real`, raising `error` on its n-th call (and recording when)."""
+    calls = [0]
+
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            failed_at.append(time.monotonic())
+            raise error
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.e2e
+def test_a_failure_recording_answered_steps_ends_the_run_with_learner_error(tmp_path, monkeypatch):
+    """Steps that cannot be recorded would be lost from every batch on: the run stops, exit 1."""
+    from seedq import exit_codes
+    from seedq.rollout.core import ActingCore
+
+    failed_at = []
+    monkeypatch.setattr(ActingCore, "record", _failing_on_call(
+        100, IndexError("injected: recording failed"), failed_at, ActingCore.record))
+    code, summary, seconds = _train_until_the_injected_failure(tmp_path / "run", failed_at)
+    assert (code, summary["stop_reason"]) == (exit_codes.RUNTIME_FAILURE, "learner_error")
+    assert summary["error"] == "IndexError: injected: recording failed"
+    print(f"record failure -> exit {code} {seconds:.1f}s after it")
+
+
+@pytest.mark.e2e
+def test_the_batch_loop_dying_ends_the_run_with_learner_error(tmp_path, monkeypatch):
+    """A failure outside a batch's own try (here: taking the next batch) ends
+    the batcher task; the server thread notices and the run stops, exit 1."""
+    from seedq import exit_codes
+    from seedq.server.inference import InferenceServer
+
+    failed_at = []
+    monkeypatch.setattr(InferenceServer, "_take_batch", _failing_on_call(
+        100, KeyError("injected: the batch loop failed"), failed_at, InferenceServer._take_batch))
+    code, summary, seconds = _train_until_the_injected_failure(tmp_path / "run", failed_at)
+    assert (code, summary["stop_reason"]) == (exit_codes.RUNTIME_FAILURE, "learner_error")
+    assert summary["error"] == "KeyError: 'injected: the batch loop failed'"
+    print(f"batch loop failure -> exit {code} {seconds:.1f}s after it")
+
+
+@pytest.mark.e2e
+def test_an_impala_parameter_pull_failure_ends_the_run_with_learner_error(tmp_path, monkeypatch):
+    """A failing PullParams would fail every actor's pull from then on: the run stops, exit 1."""
+    from seedq import exit_codes
+    from seedq.impala.service import ParamsPublisher
+
+    failed_at = []
+    monkeypatch.setattr(ParamsPublisher, "latest", _failing_on_call(
+        3, MemoryError("injected: serializing parameters failed"), failed_at, ParamsPublisher.latest))
+    code, summary, seconds = _train_until_the_injected_failure(
+        tmp_path / "run", failed_at, "--architecture", "impala")
+    assert (code, summary["stop_reason"]) == (exit_codes.RUNTIME_FAILURE, "learner_error")
+    assert summary["error"] == "MemoryError: injected: serializing parameters failed"
+    print(f"PullParams failure -> exit {code} {seconds:.1f}s after it")

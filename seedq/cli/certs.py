@@ -24,15 +24,22 @@ def add_parsers(sub) -> None:
                        help="names and IP addresses actors dial the learner by (the server "
                        "certificate's subject alternative names)")
     certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    certs.add_argument("--replace", action="store_true",
+                       help="replace the credentials already in --out, the CA key included (every "
+                       "certificate the old CA signed stops being trusted); without it they are refused")
 
 
 def run(args: argparse.Namespace) -> int:
     from seedq import certs as certs_lib
+    from seedq import exit_codes
 
     try:
-        paths = certs_lib.make(args.out, args.hosts, args.days)
+        paths = certs_lib.make(args.out, args.hosts, args.days, replace=args.replace)
+    except exit_codes.UsageError as e:
+        print(f"seedq certs: {e}", file=sys.stderr)
+        return exit_codes.USAGE
     except (ValueError, OSError) as e:
         print(f"seedq certs: {e}", file=sys.stderr)
-        return 1
+        return exit_codes.RUNTIME_FAILURE
     print(f"wrote {', '.join(sorted(paths))} to {args.out}")
     return 0

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
-from seedq.server.inference import RunSuperseded, ServerClosing
+from seedq.server.inference import LearnerFailed, RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.pacing import push_ack_backlog
 from seedq.server.unrolls import QueueClosed, poll_until, put_when_room
@@ -69,8 +69,11 @@ class ImpalaLearnerService(LearnerService):
     """IMPALA mode: no inference here; actors' unrolls go straight to `queue`."""
 
     def __init__(self, agent, spec, table, queue, learner_run: str, max_envs_per_actor: int, *,
-                 publisher: ParamsPublisher, config_json: str, current_version, pace: bool = False, **kwargs):
+                 publisher: ParamsPublisher, config_json: str, current_version, fail, pace: bool = False,
+                 **kwargs):
+        """`fail(error)`: stops the learner with stop_reason learner_error."""
         super().__init__(None, learner_run, max_envs_per_actor, spec=spec, **kwargs)
+        self.fail = fail
         self.table, self.queue = table, queue
         # server.queue_full pace: acknowledgements held while the learner
         # drains the queue (seedq.server.pacing.push_ack_backlog).
@@ -92,10 +95,15 @@ class ImpalaLearnerService(LearnerService):
             log.warning("refused a parameter pull from %s: %s", context.peer(), request.error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.refusal())
         have = request.have_version
-        version, data = await asyncio.get_running_loop().run_in_executor(None, self.publisher.latest)
-        chunks = impala_codec.params_chunks(
-            None if have == version else data, version, self.publisher.precision
-        )
+        try:
+            version, data = await asyncio.get_running_loop().run_in_executor(None, self.publisher.latest)
+            chunks = impala_codec.params_chunks(
+                None if have == version else data, version, self.publisher.precision
+            )
+        except Exception as e:  # a learner bug: every later pull would fail alike
+            log.exception("publishing parameters to actors failed; the learner stops")
+            self.fail(e)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(LearnerFailed(e)))
         for chunk in chunks:
             yield chunk
 

@@ -120,11 +120,13 @@ def learner_command(config: TrainConfig, opts: VmOptions) -> list[str]:
 def _start_learner_shell(config: TrainConfig, opts: VmOptions, jax_extra: str) -> str:
     """What runs over ssh on each learner host: install, then the learner in the background."""
     learner = shlex.join(learner_command(config, opts))
-    # scp leaves the copied credentials world-readable (umask): only the ssh user may read them.
+    # scp leaves the copied credentials world-readable (umask): only the ssh user may read them,
+    # restricted first, so that no failing step after it (set -e) leaves them readable.
     private = " ".join(f"{VM_DIR}/{name}" for name in learner_files(config).values())
     return (
-        "set -e; sudo apt-get update -q && sudo apt-get install -yq python3-venv; "
+        "set -e; "
         + (f"chmod 0600 {private}; " if private else "")
+        + "sudo apt-get update -q && sudo apt-get install -yq python3-venv; "
         + f"mkdir -p {VM_DIR}; python3 -m venv {VM_DIR}/venv; "
         + _install_words(opts, f"{VM_DIR}/venv/bin/pip", jax_extra)
         + f"; nohup {learner} > {VM_DIR}/learner.log 2>&1 < /dev/null &"

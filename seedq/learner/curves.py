@@ -15,9 +15,10 @@ installed). `plot_runs` overlays several runs (`seedq plot`).
 from __future__ import annotations
 
 import csv
+import io
 import os
 
-from seedq import extras, run_dirs
+from seedq import atomic_files, extras, run_dirs
 
 COLUMNS = ("frames", "episodes", "train_steps", "return", "length", "loss", "entropy", "wall_seconds")
 CSV_FILE = run_dirs.CURVES_CSV
@@ -61,13 +62,18 @@ class CurvesSink:
         self.from_ticks = from_ticks
         self.path = os.path.join(logdir, CSV_FILE)
         kept = [r for r in read_rows(self.path) if resumed_frames is not None and r["frames"] <= resumed_frames]
-        # A fresh run starts the file anew; a resumed one drops what its killed segment logged after the checkpoint.
-        self._file = open(self.path, "w", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
-        self._writer.writeheader()
+        # A fresh run starts the file anew; a resumed one drops what its killed
+        # segment logged after the checkpoint. Either way the new start replaces
+        # the file in one rename, so a kill now leaves the old rows or the new
+        # ones, never a truncated file; rows are appended from there.
+        start = io.StringIO(newline="")
+        writer = csv.DictWriter(start, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
         for row in kept:
-            self._writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
-        self._file.flush()
+            writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
+        atomic_files.write_text_atomically(self.path, start.getvalue())
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS, extrasaction="ignore")
 
     def tick(self, tick) -> None:
         if self.from_ticks:

@@ -273,7 +273,7 @@ class Learner:
             self.agent, self.spec, self.table, self.queue, self.learner_run, max_envs,
             publisher=self.params_publisher,
             config_json=json.dumps(config_lib.to_dict(self.config)),
-            current_version=lambda: self.version, peer_timeout_seconds=peer_timeout,
+            current_version=lambda: self.version, fail=self.inference.fail, peer_timeout_seconds=peer_timeout,
             pace=self.config.server.queue_full == "pace",
         )
 

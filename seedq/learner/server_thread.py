@@ -4,6 +4,7 @@ the dynamic batcher (all per-env state lives on it)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -13,6 +14,8 @@ from seedq import grpc_setup
 from seedq.config import TrainConfig
 from seedq.server.inference import InferenceServer
 from seedq.server.service import start_server
+
+log = logging.getLogger("seedq.server")
 
 
 class ServerThread:
@@ -67,6 +70,16 @@ class ServerThread:
         except OSError:  # the thread has ended
             return None
 
+    def _batcher_ended(self, task: asyncio.Task) -> None:
+        """The batch loop runs until cancelled: ending any other way is a
+        failure, which stops the learner (stop_reason learner_error) rather
+        than leaving every stream waiting for a batch that never comes."""
+        if task.cancelled():
+            return
+        error = task.exception() or RuntimeError("the inference batch loop ended")
+        log.error("the inference batch loop failed; the learner stops", exc_info=error)
+        self._inference.fail(error)
+
     def _serve(self) -> None:
         grpc_setup.run(self._serve_async())
 
@@ -84,6 +97,7 @@ class ServerThread:
             self._ready.set()
             return
         batcher = asyncio.create_task(self._inference.run())
+        batcher.add_done_callback(self._batcher_ended)
         await set_serving(True)
         self._ready.set()
         try:

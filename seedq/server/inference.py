@@ -363,11 +363,10 @@ class InferenceServer:
             # A failure here (a device error, a learner bug) would fail every
             # batch after it too: the learner stops rather than idling on.
             log.exception("inference failed; the learner stops")
-            self.failure = e
+            self.fail(e)
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(LearnerFailed(e))
-            self.close()
+                    request.future.set_exception(self._closing_error())
             return
         self.stats.latencies.record(time.perf_counter() - started)
         offset = 0
@@ -414,8 +413,19 @@ class InferenceServer:
             return
         try:
             self._recorded_unrolls = self.core.record(pending)
-        except Exception:  # a learner bug: the actors already have their actions
-            log.exception("recording an inference batch failed: its steps are lost")
+        except Exception as e:  # a learner bug: the actors already have their actions
+            # Every later batch would lose its steps too, and the learner
+            # would idle to --max-seconds: it stops instead.
+            log.exception("recording an inference batch failed; the learner stops")
+            self.fail(e)
+
+    def fail(self, error: BaseException) -> None:
+        """Stops serving because of `error`: the learner stops on it
+        (`Learner.stats().error`) and every stream ends with LearnerFailed.
+        The first failure is the one reported."""
+        if self.failure is None:
+            self.failure = error
+        self.close()
 
     def _infer(self, batch: list[_Request], greedy: bool = False):
         """Acts on the joined batch; returns (actions [n, ...], policy version, PendingRecord)."""

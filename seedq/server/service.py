@@ -285,8 +285,10 @@ async def start_server(
     add_learner_service(service, server)
     servers = [server]
     if server_config.health_port:
-        # A server of its own, so that the plaintext port can reach nothing but health checks.
-        health_server = grpc.aio.server()
+        # A server of its own, so that the plaintext port can reach nothing but health checks;
+        # there gRPC itself refuses a larger request before taking it in.
+        health_server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", channel.MAX_HEALTH_REQUEST_BYTES)])
         if health_server.add_insecure_port(f"{channel.health_host(address)}:{server_config.health_port}") == 0:
             raise OSError(f"could not listen on health port {server_config.health_port} (server.health_port)")
         servers.append(health_server)

@@ -344,5 +344,11 @@ def decode_actions(message: seed_pb2.LearnerMessage, spec: EnvSpec, n: int) -> n
     if message.WhichOneof("kind") != "actions":
         raise ProtocolError("actions", f"expected an ActionBatch, got {message.WhichOneof('kind')}")
     count = n * int(np.prod(spec.action_shape, dtype=np.int64))
-    flat = _array("actions.actions", message.actions.actions, spec.action_dtype, count)
+    flat = _finite("actions.actions", _array("actions.actions", message.actions.actions, spec.action_dtype, count))
+    if spec.discrete and len(flat) and (flat.min() < 0 or flat.max() >= spec.num_actions):
+        # An env given an action outside its space fails somewhere deep inside
+        # it (or, worse, acts on it): the learner's reply is refused here instead.
+        bad = int(np.flatnonzero((flat < 0) | (flat >= spec.num_actions))[0])
+        raise ProtocolError("actions.actions", f"env {bad}'s action {int(flat[bad])} is outside "
+                            f"{spec.action_text()} (a learner bug, or a learner for another env)")
     return flat.reshape((n, *spec.action_shape))
