@@ -4,6 +4,7 @@
     python benchmarks/peers/peers.py run sbx|cleanrl --venv DIR --seed S --seconds T --out RUN_DIR
     python benchmarks/peers/peers.py run seedq --seed S --seconds T --out RUN_DIR
     python benchmarks/peers/peers.py summary RUN_DIR [RUN_DIR ...]
+    python benchmarks/peers/peers.py plot OUT.png RUN_DIR [RUN_DIR ...]
 
 Each peer gets its own venv outside this repository (`setup`), so none of its
 dependencies meets seedq's. `run` starts one training process, samples the
@@ -22,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +38,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 TORCH = "torch==2.13.0"
 # The versions the README's runs used; pinned so a later sitting reruns the same peers.
 SBX_PACKAGES = ("sbx-rl==0.28.0", "rl_zoo3==2.9.2", "stable-baselines3==2.9.2",
-                "gymnasium==1.4.0", "ale-py==0.12.1")
+                "gymnasium==1.4.0", "ale-py==0.12.1",
+                # The cv2 of SB3's AtariWrapper (SB3's [extra] would bring opencv-python).
+                "opencv-python-headless==5.1.0.95")
 CLEANRL_PACKAGES = ("envpool==0.8.4", "gym==0.23.1", "numpy==1.26.4", "tensorboard==2.21.0")
 CLEANRL_WHEEL = "cleanrl==1.2.0"
 CLEANRL_SCRIPT = "cleanrl/ppo_atari_envpool.py"
@@ -283,27 +287,38 @@ def tree_cpu_seconds(proc) -> float:
     return total
 
 
-def supervise(cmd: list[str], env: dict, out: str, deadline: float, watch=None) -> tuple[int, list]:
+def supervise(cmd: list[str], env: dict, out: str, deadline: float, watch=None) -> tuple[int, list, bool]:
     """Runs `cmd` (output to out/log.txt), sampling its tree's CPU time each second;
-    kills it STOP_GRACE_SECONDS past `deadline`. `watch(now)` is called each sample."""
+    kills it STOP_GRACE_SECONDS past `deadline`. `watch(now)` is called each sample.
+    Returns the exit code, the (unix time, CPU seconds) samples and whether
+    Ctrl-C stopped it (then the command got SIGINT, to stop as at its deadline)."""
     import psutil
 
-    samples = []
+    samples, interrupted = [], False
     with open(os.path.join(out, "log.txt"), "w") as log:
+        # A session of its own: the whole tree (seedq's actors) can be signalled at once.
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                  start_new_session=True)
         proc = psutil.Process(child.pid)
-        while child.poll() is None:
-            now = time.time()
-            samples.append((now, tree_cpu_seconds(proc)))
-            if watch is not None:
-                watch(now)
-            if now > deadline + STOP_GRACE_SECONDS:
-                os.killpg(child.pid, 9)
-                break
-            time.sleep(CPU_SAMPLE_SECONDS)
-        return child.wait(), samples
+        try:
+            while child.poll() is None:
+                now = time.time()
+                samples.append((now, tree_cpu_seconds(proc)))
+                if watch is not None:
+                    watch(now)
+                if now > deadline + STOP_GRACE_SECONDS:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    break
+                time.sleep(CPU_SAMPLE_SECONDS)
+        except KeyboardInterrupt:
+            interrupted = True
+            os.killpg(child.pid, signal.SIGINT)
+            try:
+                child.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+        return child.wait(), samples, interrupted
 
 
 class SeedqStart:
@@ -341,7 +356,7 @@ def run(system: str, venv: str | None, seed: int, seconds: float, out: str, pyth
     meta = {"system": system, "seed": seed, "seconds": seconds, "command": cmd,
             "launched_unix_time": launched, "load_average_at_start": os.getloadavg(),
             "cpu_count": os.cpu_count(), "host": platform.node()}
-    code, samples = supervise(cmd, env, out, deadline, watch)
+    code, samples, interrupted = supervise(cmd, env, out, deadline, watch)
     if system == "seedq":
         curves_path = os.path.join(out, "seedq", "curves.csv")
         curves = read_csv(curves_path) if os.path.exists(curves_path) else []
@@ -355,16 +370,29 @@ def run(system: str, venv: str | None, seed: int, seconds: float, out: str, pyth
     write_csv(os.path.join(out, "curve.csv"), CURVE_COLUMNS, rows)
     with open(os.path.join(out, "cpu.csv"), "w", newline="") as f:
         csv.writer(f).writerows([("unix_time", "cpu_seconds")] + [(f"{t:.3f}", f"{c:.2f}") for t, c in samples])
-    meta.update(exit_code=code, load_average_at_end=os.getloadavg(), summary=run_summary(rows))
+    meta.update(exit_code=code, interrupted=interrupted, load_average_at_end=os.getloadavg(),
+                summary=run_summary(rows))
     with open(os.path.join(out, "run.json"), "w") as f:
         json.dump(meta, f, indent=2)
     print(f"{system} seed {seed}: exit {code}, {len(rows)} rows in {os.path.join(out, 'curve.csv')}")
     print(json.dumps(meta["summary"]))
+    if interrupted:
+        print(f"peers.py: interrupted; {out} holds the run up to then", file=sys.stderr)
+        sys.exit(130)
     if code != 0:
         sys.exit(f"{system} exited {code}; see {os.path.join(out, 'log.txt')}")
 
 
 # --- summary ----------------------------------------------------------------
+
+
+def read_run(run_dir: str) -> tuple[dict, list[dict]]:
+    """A run directory's run.json and curve.csv rows."""
+    meta_path, curve_path = os.path.join(run_dir, "run.json"), os.path.join(run_dir, "curve.csv")
+    if not (os.path.exists(meta_path) and os.path.exists(curve_path)):
+        raise UsageError(f"{run_dir}: not a run directory of peers.py run (no run.json and curve.csv)")
+    with open(meta_path) as f:
+        return json.load(f), read_csv(curve_path)
 
 
 def summary(run_dirs: list[str]) -> None:
@@ -374,14 +402,33 @@ def summary(run_dirs: list[str]) -> None:
     print("| run | system | seed | " + " | ".join(columns) + " |")
     print("|" + " --- |" * (len(columns) + 3))
     for d in run_dirs:
-        meta_path, curve_path = os.path.join(d, "run.json"), os.path.join(d, "curve.csv")
-        if not (os.path.exists(meta_path) and os.path.exists(curve_path)):
-            raise UsageError(f"{d}: not a run directory of peers.py run (no run.json and curve.csv)")
-        with open(meta_path) as f:
-            meta = json.load(f)
-        s = run_summary(read_csv(curve_path))
+        meta, rows = read_run(d)
+        s = run_summary(rows)
         cells = ["" if s.get(c) is None else f"{s[c]:g}" for c in columns]
         print(f"| {os.path.basename(os.path.normpath(d))} | {meta['system']} | {meta['seed']} | " + " | ".join(cells) + " |")
+
+
+def plot(out: str, run_dirs: list[str]) -> None:
+    """Return against wall minutes and against agent steps, one line per run."""
+    from matplotlib.figure import Figure  # seedq's venv has it (a dependency of seedq)
+
+    fig = Figure(figsize=(11, 4))
+    by_time, by_steps = fig.subplots(1, 2)
+    for d in run_dirs:
+        meta, rows = read_run(d)
+        label = f"{meta['system']} seed {meta['seed']}"
+        by_time.plot([r["wall_seconds"] / 60 for r in rows], [r["return_mean100"] for r in rows], label=label)
+        by_steps.plot([r["agent_steps"] for r in rows], [r["return_mean100"] for r in rows], label=label)
+    by_time.set_xlabel("wall minutes since launch")
+    by_steps.set_xlabel("agent steps")
+    for ax in (by_time, by_steps):
+        ax.set_ylabel(f"mean return, last {RETURN_WINDOW} games")
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize="small")
+    fig.suptitle(f"{ENV_ID}: whole-game returns")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(out)
 
 
 def parse_args(argv):
@@ -400,6 +447,9 @@ def parse_args(argv):
     r.add_argument("--python", default=sys.executable, help="the interpreter seedq runs with")
     m = sub.add_parser("summary", help="a markdown table of the figures of run directories")
     m.add_argument("run_dirs", nargs="+")
+    p = sub.add_parser("plot", help="draw return against wall time and agent steps of run directories")
+    p.add_argument("out", help="the image to write (.png, .svg or .pdf)")
+    p.add_argument("run_dirs", nargs="+")
     return parser.parse_args(argv)
 
 
@@ -410,8 +460,10 @@ def main(argv=None) -> None:
             setup(args.peer, args.venv, args.python)
         elif args.command == "run":
             run(args.system, args.venv, args.seed, args.seconds, args.out, args.python)
-        else:
+        elif args.command == "summary":
             summary(args.run_dirs)
+        else:
+            plot(args.out, args.run_dirs)
     except UsageError as e:
         print(f"peers.py: {e}", file=sys.stderr)
         sys.exit(2)
