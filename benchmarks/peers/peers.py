@@ -267,8 +267,10 @@ def peer_command(peer: str, venv: str, seed: int, deadline: float, out: str) -> 
 
 
 def seedq_command(python: str, seed: int, seconds: float, out: str) -> list[str]:
+    """seedq's defaults but the stop and the greedy evaluation after it (the
+    peers run none either; it would outlast the deadline's grace on a slow machine)."""
     return [python, "-m", "seedq", "train", "--env", ENV_ID, "--seed", str(seed),
-            "--max-seconds", str(seconds), "--target-return", "none",
+            "--max-seconds", str(seconds), "--target-return", "none", "--eval-episodes", "0",
             "--logdir", os.path.join(out, "seedq")]
 
 
@@ -336,15 +338,33 @@ class SeedqStart:
                 self.started = now - rows[-1]["wall_seconds"]
 
 
-def run(system: str, venv: str | None, seed: int, seconds: float, out: str, python: str) -> None:
+def check_run_args(system: str, venv: str | None, seconds: float) -> str | None:
+    """The peer's venv, absolute (None for seedq); UsageError for bad arguments."""
     if seconds <= 0:
         raise UsageError(f"--seconds {seconds:g}: must be > 0")
+    if system == "seedq":
+        return None
+    if venv is None:
+        raise UsageError(f"run {system} needs --venv (made by `setup {system} --venv DIR`)")
+    venv = os.path.abspath(venv)
+    if not os.path.exists(venv_python(venv)) or (system == "cleanrl" and not os.path.exists(cleanrl_script(venv))):
+        raise UsageError(f"--venv {venv} has no {system} set up; run `peers.py setup {system} --venv {venv}`")
+    return venv
+
+
+def collected_points(system: str, out: str, watch, launched: float) -> tuple[list[dict], dict]:
+    """The finished run's points, and what run.json adds about them."""
     if system != "seedq":
-        if venv is None:
-            raise UsageError(f"run {system} needs --venv (made by `setup {system} --venv DIR`)")
-        venv = os.path.abspath(venv)
-        if not os.path.exists(venv_python(venv)) or (system == "cleanrl" and not os.path.exists(cleanrl_script(venv))):
-            raise UsageError(f"--venv {venv} has no {system} set up; run `peers.py setup {system} --venv {venv}`")
+        path = os.path.join(out, "episodes.csv")
+        return (episode_points(read_csv(path)) if os.path.exists(path) else []), {}
+    path = os.path.join(out, "seedq", "curves.csv")
+    started = watch.started if watch.started is not None else launched
+    points = seedq_points(read_csv(path) if os.path.exists(path) else [], started)
+    return points, {"seedq_clock_offset_seconds": round(started - launched, 3)}
+
+
+def run(system: str, venv: str | None, seed: int, seconds: float, out: str, python: str) -> None:
+    venv = check_run_args(system, venv, seconds)
     out = check_fresh_dir(out, "--out")
     launched = time.time()
     deadline = launched + seconds
@@ -357,20 +377,12 @@ def run(system: str, venv: str | None, seed: int, seconds: float, out: str, pyth
             "launched_unix_time": launched, "load_average_at_start": os.getloadavg(),
             "cpu_count": os.cpu_count(), "host": platform.node()}
     code, samples, interrupted = supervise(cmd, env, out, deadline, watch)
-    if system == "seedq":
-        curves_path = os.path.join(out, "seedq", "curves.csv")
-        curves = read_csv(curves_path) if os.path.exists(curves_path) else []
-        started = watch.started if watch.started is not None else launched
-        points = seedq_points(curves, started)
-        meta["seedq_clock_offset_seconds"] = round(started - launched, 3)
-    else:
-        episodes_path = os.path.join(out, "episodes.csv")
-        points = episode_points(read_csv(episodes_path)) if os.path.exists(episodes_path) else []
+    points, about_points = collected_points(system, out, watch, launched)
     rows = curve_rows(points, samples, launched)
     write_csv(os.path.join(out, "curve.csv"), CURVE_COLUMNS, rows)
     with open(os.path.join(out, "cpu.csv"), "w", newline="") as f:
         csv.writer(f).writerows([("unix_time", "cpu_seconds")] + [(f"{t:.3f}", f"{c:.2f}") for t, c in samples])
-    meta.update(exit_code=code, interrupted=interrupted, load_average_at_end=os.getloadavg(),
+    meta.update(about_points, exit_code=code, interrupted=interrupted, load_average_at_end=os.getloadavg(),
                 summary=run_summary(rows))
     with open(os.path.join(out, "run.json"), "w") as f:
         json.dump(meta, f, indent=2)
