@@ -68,14 +68,17 @@ def test_seedq_points_shift_its_clock_and_skip_rows_before_any_game(peers):
 def test_run_summary_finds_the_first_crossings_and_the_means_at_each_mark(peers):
     rows = [{"wall_seconds": 60.0 * m, "agent_steps": 10000 * m, "return_mean100": -21.0 + 0.5 * m,
              "cpu_seconds": 90.0 * m} for m in range(1, 61)]
-    s = peers.run_summary(rows)
+    s = peers.run_summary(rows, budget_seconds=3600)
     first_18 = next(r for r in rows if r["return_mean100"] >= -18)
     first_0 = next(r for r in rows if r["return_mean100"] >= 0)
     assert (s["steps_to_-18"], s["seconds_to_-18"]) == (first_18["agent_steps"], first_18["wall_seconds"])
     assert (s["steps_to_0"], s["seconds_to_0"]) == (first_0["agent_steps"], first_0["wall_seconds"])
     assert s["mean_15min"] == rows[14]["return_mean100"] and s["mean_60min"] == rows[59]["return_mean100"]
     assert s["cpu_cores"] == pytest.approx(rows[-1]["cpu_seconds"] / rows[-1]["wall_seconds"])
-    assert peers.run_summary(rows[:5])["steps_to_-18"] is None
+    assert peers.run_summary(rows[:5], budget_seconds=300)["steps_to_-18"] is None
+    short = peers.run_summary(rows[:20], budget_seconds=1200)
+    assert short["mean_15min"] == rows[14]["return_mean100"]
+    assert short["mean_30min"] is None and short["mean_60min"] is None
 
 
 def run_script(*args):

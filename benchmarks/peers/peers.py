@@ -148,11 +148,12 @@ def last_within(rows: list[dict], seconds: float) -> dict | None:
     return within[-1] if within else None
 
 
-def run_summary(rows: list[dict]) -> dict:
-    """The figures issue 64 asks of each run, from its curve.csv rows."""
+def run_summary(rows: list[dict], budget_seconds: float) -> dict:
+    """The figures issue 64 asks of each run, from its curve.csv rows; the means
+    at 15, 30 and 60 minutes only where the run's budget reached them."""
     out = {}
     for minutes in (15, 30, 60):
-        r = last_within(rows, minutes * 60)
+        r = last_within(rows, minutes * 60) if minutes * 60 <= budget_seconds else None
         out[f"mean_{minutes}min"] = None if r is None else r["return_mean100"]
         out[f"steps_{minutes}min"] = None if r is None else r["agent_steps"]
     for target in (-18, 0):
@@ -383,7 +384,7 @@ def run(system: str, venv: str | None, seed: int, seconds: float, out: str, pyth
     with open(os.path.join(out, "cpu.csv"), "w", newline="") as f:
         csv.writer(f).writerows([("unix_time", "cpu_seconds")] + [(f"{t:.3f}", f"{c:.2f}") for t, c in samples])
     meta.update(about_points, exit_code=code, interrupted=interrupted, load_average_at_end=os.getloadavg(),
-                summary=run_summary(rows))
+                summary=run_summary(rows, seconds))
     with open(os.path.join(out, "run.json"), "w") as f:
         json.dump(meta, f, indent=2)
     print(f"{system} seed {seed}: exit {code}, {len(rows)} rows in {os.path.join(out, 'curve.csv')}")
@@ -415,7 +416,7 @@ def summary(run_dirs: list[str]) -> None:
     print("|" + " --- |" * (len(columns) + 3))
     for d in run_dirs:
         meta, rows = read_run(d)
-        s = run_summary(rows)
+        s = run_summary(rows, meta["seconds"])
         cells = ["" if s.get(c) is None else f"{s[c]:g}" for c in columns]
         print(f"| {os.path.basename(os.path.normpath(d))} | {meta['system']} | {meta['seed']} | " + " | ".join(cells) + " |")
 
