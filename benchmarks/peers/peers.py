@@ -307,7 +307,8 @@ def supervise(cmd: list[str], env: dict, out: str, deadline: float, watch=None) 
         try:
             while child.poll() is None:
                 now = time.time()
-                samples.append((now, tree_cpu_seconds(proc)))
+                # Never less than before: an exiting descendant's time can drop out of the sum.
+                samples.append((now, max(tree_cpu_seconds(proc), samples[-1][1] if samples else 0.0)))
                 if watch is not None:
                     watch(now)
                 if now > deadline + STOP_GRACE_SECONDS:
