@@ -412,7 +412,7 @@ def read_run(run_dir: str) -> tuple[dict, list[dict]]:
 def summary(run_dirs: list[str]) -> None:
     """A markdown table of run_summary for each run directory."""
     columns = ("mean_15min", "mean_30min", "mean_60min", "steps_60min", "steps_to_-18", "seconds_to_-18",
-               "steps_to_0", "seconds_to_0", "agent_steps_per_second", "cpu_cores")
+               "steps_to_0", "seconds_to_0", "agent_steps_per_second", "frames_per_second", "cpu_cores")
     print("| run | system | seed | " + " | ".join(columns) + " |")
     print("|" + " --- |" * (len(columns) + 3))
     for d in run_dirs:
