@@ -27,7 +27,7 @@ import typing
 
 from seedq import config as config_lib
 from seedq.config import TrainConfig
-from seedq.config.resolve import Layer, env_defaults
+from seedq.config.resolve import Layer
 
 
 def flag_name(prefix: str, name: str) -> str:
@@ -287,10 +287,12 @@ def config_flags(config, base=None, prefix: str = "") -> list[str]:
 
     `base` is a config, or a config dataclass (its defaults). It defaults, for
     a TrainConfig, to the defaults `seedq train` applies flags to for
-    `config.env` (env_defaults), so the flags reproduce `config` in a fresh
+    `config.env` (seedq.envs.run_defaults), so the flags reproduce `config` in a fresh
     process; for a section, to that section's defaults."""
     if base is None:
-        base = env_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
+        from seedq.envs import run_defaults  # (gymnasium: only where a config is turned into flags)
+
+        base = run_defaults(config.env) if isinstance(config, TrainConfig) else type(config)()
     elif isinstance(base, type):
         base = base()
     flags = []

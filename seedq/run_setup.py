@@ -99,7 +99,7 @@ def plan(layers: Sequence[Layer], *, resume: str | None = None, overwrite: bool 
     logdir = given(layers, "logdir")
     if logdir is not None and os.path.abspath(logdir) != os.path.abspath(resume_dir):
         raise ValueError("--logdir cannot be combined with --resume: the run continues in its own directory")
-    config, _ = resolve(layers, saved=saved_config(resume_dir, "--resume"))
+    config, _ = resolve(layers, None, saved=saved_config(resume_dir, "--resume"))
     prepared = prepare(dataclasses.replace(config, logdir=resume_dir))
     if resume != "auto" and starts and _locks_before_start(layers):
         run_dirs.hold(resume_dir)  # a second writer is refused here, before anything is restored
@@ -107,7 +107,9 @@ def plan(layers: Sequence[Layer], *, resume: str | None = None, overwrite: bool 
 
 
 def _fresh(layers: Sequence[Layer], *, overwrite: bool, check_dir: bool) -> PreparedRun:
-    config, spec = resolve(layers)
+    from seedq.envs import env_facts
+
+    config, spec = resolve(layers, env_facts)
     if config.distributed.explicit and not config.logdir:
         # (A default run directory is named by time and pid: one per process.)
         raise ValueError("--distributed.coordinator needs --logdir: the learner group shares one run directory")

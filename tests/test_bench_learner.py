@@ -6,8 +6,7 @@ import json
 import pytest
 
 from seedq import cli
-from seedq.bench import learner as bench_learner
-from seedq.config.resolve import env_defaults
+from seedq.envs import run_defaults
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +42,7 @@ def test_the_learners_work_per_frame_follows_reuse_and_lookahead(capsys):
 def test_the_config_is_resolved_as_train_resolves_it(capsys):
     """Env-dependent defaults apply (Box actions: the continuous V-trace
     section) and --vtrace.* flags pass through on top of them."""
-    box = env_defaults("Pendulum-v1").vtrace
+    box = run_defaults("Pendulum-v1").vtrace
     result = _bench(capsys, "--env", "Pendulum-v1", "--envs-per-actor", "2")
     assert (result["vtrace.reuse"], result["vtrace.unroll_length"]) == (box.reuse, box.unroll_length)
     assert result["frames_per_train_step"] == box.batch_size * box.unroll_length / box.reuse
@@ -54,7 +53,7 @@ def test_the_config_is_resolved_as_train_resolves_it(capsys):
 def test_r2d2_counts_replayed_frames_once(capsys):
     result = _bench(capsys, "--env", "CartPole-v1", "--agent", "r2d2", "--envs-per-actor", "2",
                     "--r2d2.replay-ratio", "4")
-    cfg = env_defaults("CartPole-v1").r2d2
+    cfg = run_defaults("CartPole-v1").r2d2
     assert result["frames_per_train_step"] == cfg.batch_size * cfg.trace_length / 4
     assert result["train_steps_per_second"] > 0 and result["macs_per_trained_frame"] > 0
     assert result["network"] == "mlp"
@@ -67,6 +66,6 @@ def test_bad_flags_are_one_line(capsys):
 
 
 def test_new_frames_per_train_step_counts_each_frame_once():
-    config = env_defaults("CartPole-v1")
+    config = run_defaults("CartPole-v1")
     vt = config.vtrace
     assert config.new_frames_per_train_step == vt.batch_size * vt.unroll_length / vt.reuse

@@ -10,7 +10,7 @@ import pytest
 
 from seedq import cli
 from seedq.config import PIXEL_VTRACE, VTraceConfig, is_pixel_observation
-from seedq.config.resolve import env_defaults
+from seedq.envs import run_defaults
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def test_pixel_observations_are_uint8_frames_of_nature_cnn_size(shape, dtype, pi
 
 
 def test_pong_gets_the_pixel_defaults_and_minatar_the_small_env_ones():
-    pong, minatar = env_defaults("ALE/Pong-v5"), env_defaults("MinAtar/Breakout-v1")
+    pong, minatar = run_defaults("ALE/Pong-v5"), run_defaults("MinAtar/Breakout-v1")
     assert pong.vtrace == PIXEL_VTRACE and minatar.vtrace == VTraceConfig()
     assert PIXEL_VTRACE.reuse == 1 and PIXEL_VTRACE.lookahead == 0
     assert PIXEL_VTRACE.learning_rate < VTraceConfig().learning_rate and PIXEL_VTRACE.adam_eps > VTraceConfig().adam_eps

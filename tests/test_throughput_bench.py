@@ -56,9 +56,9 @@ def test_trained_and_dropped_frames_account_for_the_frames_stepped():
     import dataclasses
 
     from seedq.config import ServerConfig
-    from seedq.config.resolve import env_defaults
+    from seedq.envs import run_defaults
 
-    base = env_defaults("CartPole-v1")
+    base = run_defaults("CartPole-v1")
     config = dataclasses.replace(
         base, env="CartPole-v1", num_actors=1, envs_per_actor=8,
         vtrace=dataclasses.replace(base.vtrace, reuse=1, lookahead=0),
@@ -210,9 +210,9 @@ def test_pacing_keeps_the_learner_on_fresh_unrolls_when_training_is_the_bottlene
     import dataclasses
 
     from seedq.config import ServerConfig
-    from seedq.config.resolve import env_defaults
+    from seedq.envs import run_defaults
 
-    base = env_defaults("CartPole-v1")
+    base = run_defaults("CartPole-v1")
     config = dataclasses.replace(
         base, env="CartPole-v1", num_actors=1, envs_per_actor=16,
         vtrace=dataclasses.replace(base.vtrace, reuse=16, hidden_sizes=(512, 512)),

@@ -153,21 +153,21 @@ def test_ctrl_c_stops_every_process_and_keeps_the_run(tmp_path):
     ("Pendulum-v1", None), ("MinAtar/Breakout-v1", None), ("dmc:cartpole-swingup", None),
 ])
 def test_target_return_defaults_to_the_envs_registered_threshold(env_id, target):
-    from seedq.config.resolve import env_defaults
+    from seedq.envs import run_defaults
 
-    assert env_defaults(env_id).target_return == target
+    assert run_defaults(env_id).target_return == target
 
 
 @pytest.mark.unit
 def test_target_return_none_is_no_target_and_zero_is_a_real_target(tmp_path):
     from seedq import config as config_lib
     from seedq.cli import build_parser
-    from seedq.config.resolve import env_defaults
+    from seedq.envs import run_defaults
     from seedq.flags import config_flags, config_from_args
 
     def resolved(*flags):
         args = build_parser().parse_args(["train", "--env", "Acrobot-v1", *flags])
-        return config_from_args(args, base=env_defaults("Acrobot-v1"))
+        return config_from_args(args, base=run_defaults("Acrobot-v1"))
 
     assert resolved().target_return == -100.0
     assert resolved("--target-return", "none").target_return is None

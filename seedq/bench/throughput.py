@@ -209,9 +209,9 @@ def run(
     import dataclasses
 
     from seedq.bench.learner import learner_fields
-    from seedq.config.resolve import env_defaults
+    from seedq.envs import run_defaults
 
-    base = base if base is not None else env_defaults(env_id)
+    base = base if base is not None else run_defaults(env_id)
     config = dataclasses.replace(
         base, env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
         devices=devices or base.devices, server=server or base.server,

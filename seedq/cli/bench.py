@@ -9,9 +9,8 @@ import os
 import sys
 
 from seedq import config as config_lib
-from seedq.cli.common import HelpFormatter, csv_of
+from seedq.cli.common import HelpFormatter, csv_of, default_config
 from seedq.config import TrainConfig
-from seedq.config.resolve import env_defaults
 from seedq.flags import add_config_flags, config_from_args
 
 
@@ -270,7 +269,7 @@ def _suite(args: argparse.Namespace) -> int:
             raise ValueError("--frames-scale and --random-episodes must be > 0")
 
         def base_for(env_id: str) -> TrainConfig:
-            return config_from_args(args, base=env_defaults(env_id))
+            return config_from_args(args, base=default_config(env_id))
 
         envs = args.envs
         if not envs:
@@ -338,7 +337,7 @@ def _agent_config(args) -> TrainConfig:
     """The env's defaults with the --agent, --vtrace.* and --r2d2.* flags given applied."""
     import dataclasses
 
-    base = env_defaults(args.env)
+    base = default_config(args.env)
     return dataclasses.replace(
         base, agent=args.agent or base.agent,
         vtrace=config_from_args(args, config_lib.VTraceConfig, "vtrace.", base.vtrace),
@@ -350,7 +349,7 @@ def _learner(args) -> int:
     from seedq.bench import learner
 
     try:
-        config = config_from_args(args, base=env_defaults(args.env or TrainConfig.env))
+        config = config_from_args(args, base=default_config(args.env or TrainConfig.env))
         config.validate()
         result = learner.run(config, seconds=args.seconds)
     except ValueError as e:

@@ -7,7 +7,6 @@ import argparse
 import sys
 
 from seedq.config import TrainConfig
-from seedq.config.resolve import env_defaults
 
 
 class Parser(argparse.ArgumentParser):
@@ -119,7 +118,7 @@ def unknown_arguments_message(parser: argparse.ArgumentParser, args, extras: lis
 
 
 def default_config(env: str | None) -> TrainConfig:
-    return env_defaults(env or TrainConfig.env)
+    return _run_defaults(env or TrainConfig.env)
 
 
 def csv_of(kind):
@@ -130,3 +129,9 @@ def csv_of(kind):
             raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
 
     return parse
+
+
+def _run_defaults(env_id: str):
+    from seedq.envs import run_defaults  # (gymnasium: only when a command needs an env's defaults)
+
+    return run_defaults(env_id)

@@ -21,6 +21,9 @@ class R2D2Config:
     # The fields that set the learner's work per frame (benchmarks echo them).
     WORK_PER_FRAME_FIELDS: typing.ClassVar[tuple[str, ...]] = (
         "batch_size", "burn_in", "trace_length", "n_step", "replay_ratio")
+    # No clip of its own: R2D2 trains on the env's rewards (Atari's [-1, 1]
+    # clip aside) through its value rescaling.
+    reward_clip: typing.ClassVar[float] = 0.0
 
     # Steps that only warm up the LSTM state (no loss, no gradient) before the loss region.
     burn_in: int = 10

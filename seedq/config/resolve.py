@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from seedq.config.files import read_json, updated
 from seedq.config.run import TrainConfig, defaults_for, is_pixel_observation
@@ -72,41 +72,30 @@ def given(layers: Sequence[Layer], name: str) -> Any:
     return None
 
 
-def defaults_for_env(spec, env_id: str) -> TrainConfig:
+def defaults_for_env(spec, threshold: float | None) -> TrainConfig:
     """The defaults the layers apply to for an env with `spec` (a
-    `seedq.schema.EnvSpec`): Box actions, pixel frames and the env's
-    registered reward threshold decide them (config.run.defaults_for)."""
-    from seedq.envs import reward_threshold
-
+    `seedq.schema.EnvSpec`) and registered reward `threshold`: Box actions,
+    pixel frames and the threshold decide them (config.run.defaults_for)."""
     pixels = is_pixel_observation(spec.obs_shape, spec.obs_dtype)
-    return defaults_for(not spec.discrete, reward_threshold(env_id), pixels)
+    return defaults_for(not spec.discrete, threshold, pixels)
 
 
-def env_defaults(env_id: str) -> TrainConfig:
-    """`defaults_for_env` for `env_id` with the default env options; an env
-    id that cannot be built falls back to the plain defaults (the run then
-    reports the env error)."""
-    from seedq.envs import env_spec
-
-    try:
-        return defaults_for_env(env_spec(env_id), env_id)
-    except ValueError:
-        return TrainConfig()
+# (env id, env options) -> (the env's spec, its registered reward threshold):
+# seedq.envs.env_facts. Passed in, since seedq.envs builds on this package.
+EnvFacts = Callable[[str, Any], tuple[Any, "float | None"]]
 
 
-def resolve(layers: Sequence[Layer], saved: TrainConfig | None = None):
+def resolve(layers: Sequence[Layer], env_facts: EnvFacts, saved: TrainConfig | None = None):
     """(the config, the env spec it was resolved for) from `layers` over the
     env's defaults, or over `saved` (a resumed run's config; its env spec is
     built later). ValueError naming the first bad field."""
-    from seedq.envs import env_spec
-
     if saved is not None:
         return apply(saved, layers), None
     # The env and its options come from the layers alone; every other default
     # depends on the env's spec, built here once for the run.
     chosen = apply(TrainConfig(), layers)
-    spec = env_spec(chosen.env, chosen.env_options)
-    config = apply(defaults_for_env(spec, chosen.env), layers)
+    spec, threshold = env_facts(chosen.env, chosen.env_options)
+    config = apply(defaults_for_env(spec, threshold), layers)
     if config.deterministic and not any(layer.sets("num_actors") for layer in layers):
         config = dataclasses.replace(config, num_actors=1)  # one order of batches
     return config, spec

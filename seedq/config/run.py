@@ -243,18 +243,6 @@ class TrainConfig:
         return dataclasses.replace(self, r2d2=dataclasses.replace(self.r2d2, checkpoint_replay=False))
 
     @property
-    def training_reward_clip(self) -> float:
-        """The bound training rewards are clipped to (0: none): V-trace's
-        `vtrace.reward_clip` when set, else [-1, 1] on Atari with
-        `atari.clip_rewards` (the DQN/IMPALA convention). Reported returns are
-        always the unclipped ones."""
-        from seedq.envs import env_kind
-
-        if self.agent == "vtrace" and self.vtrace.reward_clip > 0:
-            return float(self.vtrace.reward_clip)
-        return 1.0 if env_kind(self.env) == "atari" and self.atari.clip_rewards else 0.0
-
-    @property
     def env_options(self) -> EnvOptions:
         return EnvOptions(self.atari, self.dmc)
 

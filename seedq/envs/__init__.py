@@ -234,6 +234,25 @@ def reward_threshold(env_id: str) -> float | None:
     return None if threshold is None else float(threshold)
 
 
+def env_facts(env_id: str, options: EnvOptions = EnvOptions()) -> tuple[EnvSpec, float | None]:
+    """(its spec, its registered reward threshold): what a run's defaults
+    depend on (seedq.config.resolve)."""
+    return env_spec(env_id, options), reward_threshold(env_id)
+
+
+def run_defaults(env_id: str):
+    """The run config's defaults for `env_id` with the default env options
+    (seedq.config.resolve.defaults_for_env); an env id that cannot be built
+    falls back to the plain defaults (the run then reports the env error)."""
+    from seedq.config import TrainConfig
+    from seedq.config.resolve import defaults_for_env
+
+    try:
+        return defaults_for_env(*env_facts(env_id))
+    except ValueError:
+        return TrainConfig()
+
+
 def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:
     """The observation/action spec of one `env_id` env, as sent in the handshake."""
     if env_kind(env_id) == "atari":

@@ -206,12 +206,14 @@ async def serve_connection(
             raise ConnectionError("learner closed the stream during the handshake")
         config = learner_config(ack.config_json, env_id)
 
+        from seedq.rollout.core import training_reward_clip
+
         agent, precision = acting_for(config)
         expected = expected_params(agent, precision)
         stats.connections += 1
         log.info("impala actor %s connected (run %s, learner run %s)", actor_id, run_id, ack.learner_run)
         builder = UnrollBuilder(agent, spec, num_envs, jax.random.PRNGKey(seed), precision=precision,
-                                reward_clip=config.training_reward_clip)
+                                reward_clip=training_reward_clip(config))
         params, version = await pull_params(stub, actor_id, -1, stats, expected)
         obs, _ = env.reset(seed=seed)
         rewards = np.zeros(num_envs, np.float32)

@@ -32,6 +32,7 @@ from seedq.distributed import SOLO, ProcessGroup, first_line, is_lost_peer_error
 from seedq.envs import env_spec
 from seedq.learner.group import GroupControl
 from seedq.learner.server_thread import ServerThread
+from seedq.rollout.core import training_reward_clip
 from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
@@ -117,7 +118,7 @@ class Learner:
             max_batch_size=config.server.max_batch_size,
             batch_timeout_ms=config.server.batch_timeout_ms,
             rng=act_rng,
-            reward_clip=config.training_reward_clip,
+            reward_clip=training_reward_clip(config),
             precision=self.precision,
             devices=self.devices.inference if len(self.devices.inference) > 1 else None,
             batching=BatchingRule(config.server.batching),

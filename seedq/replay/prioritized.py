@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from seedq.agents.base import BatchSource
 from seedq.schema import StepFieldSpec
 from seedq.replay.sum_tree import SumTree
 
@@ -285,8 +284,10 @@ class PrioritizedReplay:
         return float(stored.mean()), float(stored.max())
 
 
-class PrioritizedBatches(BatchSource):
+class PrioritizedBatches:
     """`BatchSource` for replay-based agents: UnrollQueue -> replay -> batches.
+    It implements every hook of `seedq.agents.base.BatchSource` itself (no
+    subclass: seedq.agents imports seedq.replay, not the other way round).
 
     Replay-ratio control (`replay_ratio` = r > 0, sequences sampled per
     sequence inserted, i.e. how often each sequence is trained on, on

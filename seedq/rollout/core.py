@@ -33,6 +33,18 @@ from seedq.rollout.store import UnrollStore
 log = logging.getLogger("seedq.rollout")
 
 
+def training_reward_clip(config) -> float:
+    """The bound training rewards are clipped to (0: none), for a TrainConfig:
+    the agent section's `reward_clip` when set, else [-1, 1] on Atari with
+    `atari.clip_rewards` (the DQN/IMPALA convention). Reported returns are
+    always the unclipped ones."""
+    from seedq.envs import env_kind
+
+    if config.agent_section.reward_clip > 0:
+        return float(config.agent_section.reward_clip)
+    return 1.0 if env_kind(config.env) == "atari" and config.atari.clip_rewards else 0.0
+
+
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
     """`x` with axis 0 padded to `size` rows of `fill` (unchanged if it has as
     many): fixed batch shapes, one compiled program per size; growing tables."""
