@@ -28,6 +28,7 @@ from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
+from seedq.learner.run_control import run_is_over
 
 log = logging.getLogger("seedq.local")
 
@@ -212,7 +213,7 @@ def train(
             reporter.close_display()
         stop_processes(actors)
         if learner is not None:
-            learner.stop()
+            learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None)
     summary = reporter.finish(stop_reason) if reporter is not None else None
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)

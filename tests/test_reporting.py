@@ -13,6 +13,7 @@ import pytest
 pytestmark = pytest.mark.unit
 from fake_learner import ScriptedLearner, learner_stats
 
+from seedq import exit_codes
 from seedq.config import TrainConfig
 from seedq.learner.run_control import RunClock, RunController, TargetRecord, resumed_target
 from seedq.learner.sinks import RunInfo, stats_json, summary_json
@@ -49,9 +50,16 @@ def test_no_target_never_stops_on_returns():
 
 def test_max_seconds_counts_the_earlier_segments():
     c = controller(now=100.0, prior_seconds=50.0, max_seconds=60)
-    assert c.stop_reason(learner_stats(time=109.9)) is None
-    assert c.stop_reason(learner_stats(time=110.0)) == "max_seconds"
+    assert c.stop_reason(learner_stats(time=109.9, frames=1)) is None
+    assert c.stop_reason(learner_stats(time=110.0, frames=1)) == "max_seconds"
     assert controller(max_seconds=0).stop_reason(learner_stats(time=1e9)) is None  # 0: no limit
+
+
+def test_a_time_budget_spent_without_an_actor_frame_is_no_actors():
+    c = controller(now=0.0, max_seconds=20)
+    assert c.stop_reason(learner_stats(time=19.0, frames=0)) is None
+    assert c.stop_reason(learner_stats(time=20.0, frames=0)) == "no_actors"
+    assert exit_codes.for_stop_reason("no_actors") == exit_codes.RUNTIME_FAILURE
 
 
 def test_max_frames():

@@ -245,10 +245,13 @@ class Learner:
         far; None before start() or where the OS has no per-thread CPU clock."""
         return self._server.cpu_seconds()
 
-    def stop(self) -> None:
+    def stop(self, run_ended: str | None = None) -> None:
+        """Stops training and serving. `run_ended` (the stop reason of a run
+        that is over for good) is first told to the connected actors
+        (docs/wire.md "The end of a run"); without it they reconnect to a restart."""
         self._stop.set()
         self.queue.close()
-        self._server.stop()
+        self._server.stop(run_ended)
         for thread in self._threads:
             thread.join(timeout=10)
         if self.training:
@@ -267,7 +270,7 @@ class Learner:
         max_envs = self.config.server.max_envs_per_actor
         peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
-            return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
+            return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout, env_id=self.config.env)
         from seedq.impala.service import ImpalaLearnerService, ParamsPublisher
 
         # The same agent at the actors' precision (ActorQ int8).

@@ -29,6 +29,7 @@ class ServerThread:
         self._shutdown_event: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._run_ended: str | None = None
 
     def start(self) -> str:
         """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
@@ -39,8 +40,10 @@ class ServerThread:
             raise self._error
         return self.address
 
-    def stop(self) -> None:
-        """Asks the server to stop (the caller joins `thread`)."""
+    def stop(self, run_ended: str | None = None) -> None:
+        """Asks the server to stop (the caller joins `thread`); with `run_ended`
+        (a stop reason), telling the actors that the run is over first."""
+        self._run_ended = run_ended
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._shutdown_event.set)
 
@@ -89,10 +92,26 @@ class ServerThread:
         try:
             await self._shutdown_event.wait()
         finally:
-            await set_serving(False)
+            run_ended = self._run_ended
+            await set_serving(False, run_ended=bool(run_ended))
             # Answer every waiting stream with UNAVAILABLE (actors reconnect
-            # or exit) before the server stops taking messages.
-            self._inference.close()
+            # or exit), or with the run's end, before the server stops taking messages.
+            self._inference.close(run_ended)
+            if run_ended:
+                await wait_for_streams_to_end(service, RUN_END_NOTICE_SECONDS)
             service.idle.close()
             await server.stop(grace=1.0)
             batcher.cancel()
+
+
+# How long a learner whose run is over keeps serving so that every connected
+# actor hears so at its next step (an actor's step is milliseconds; an actor
+# still starting or between reconnects gets the notice if it comes in time).
+RUN_END_NOTICE_SECONDS = 5.0
+
+
+async def wait_for_streams_to_end(service, timeout: float) -> None:
+    """Until no actor stream is open, or `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while service.idle.open_streams and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
