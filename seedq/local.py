@@ -98,15 +98,47 @@ class _GroupStopRequest:
     def reason(self) -> str | None:
         return self._reason
 
+    def request(self, reason: str) -> None:
+        """A stop asked for other than by a signal to this thread (see stop_at_interpreter_exit)."""
+        if self._reason is None:
+            self._reason = reason
+            print(f"\n{reason}: {self._action}", flush=True)
+
+
+def stop_at_interpreter_exit(stop: _GroupStopRequest, finished: threading.Event) -> None:
+    """For a run on a thread other than the main one (no signal handler can be
+    installed there): when the interpreter exits, it waits for the run here,
+    and a Ctrl-C that ended the main thread first stops the run, which then
+    writes its checkpoint and summary. Registered with threading's own exit
+    hooks (no public API does this), which run before the non-daemon threads
+    are joined and before concurrent.futures refuses new work, which the
+    checkpoint writer still needs."""
+
+    def at_exit() -> None:
+        ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # the uncaught exception
+        if isinstance(ended_by, KeyboardInterrupt) and not finished.is_set():
+            stop.request("interrupted")
+        finished.wait()
+
+    # Hooks run last-registered first: concurrent.futures' own (which makes
+    # executors refuse work) must be registered before this one.
+    import concurrent.futures.thread  # noqa: F401
+
+    threading._register_atexit(at_exit)
+
 
 def spawn_actors(
-    address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
+    address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0,
+    own_session: bool = False,
 ) -> list[subprocess.Popen]:
-    """Starts `config.num_actors` actor processes; with `stats_dir`, each writes actor-<i>.json."""
+    """Starts `config.num_actors` actor processes; with `stats_dir`, each writes actor-<i>.json.
+    `own_session`: out of the terminal's process group, so that its Ctrl-C
+    reaches only this process, which stops them (they die with it regardless)."""
     procs = []
     for i in range(config.num_actors):
         stats = os.path.join(stats_dir, f"actor-{i}.json") if stats_dir else None
-        procs.append(subprocess.Popen(actor_command(address, config, i, stats, stats_skip_seconds)))
+        procs.append(subprocess.Popen(actor_command(address, config, i, stats, stats_skip_seconds),
+                                      start_new_session=own_session))
     return procs
 
 
@@ -172,7 +204,10 @@ def train(
     stats_dir = os.path.join(config.logdir, "actors") if group.is_leader else None
     if with_actors and stats_dir:
         os.makedirs(stats_dir, exist_ok=True)
-    actors = spawn_actors(address, config, stats_dir) if with_actors else []
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    # Off the main thread, a Ctrl-C is seen only when it ends the main thread
+    # (stop_at_interpreter_exit): until then the actors must not stop on it.
+    actors = spawn_actors(address, config, stats_dir, own_session=not on_main_thread) if with_actors else []
     learner = None
     reporter = None
     stop_reason = "error"
@@ -182,39 +217,45 @@ def train(
     # step), not an exception that would leave this one saving alone.
     group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
         "stopping actors and saving what was collected")
-    if threading.current_thread() is threading.main_thread():
+    finished = threading.Event()
+    if on_main_thread:
         previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
         previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+    else:
+        stop_at_interpreter_exit(group_stop, finished)
     try:
-        learner = Learner(config, address, group, spec=spec, agent=agent)
-        resumed = resumed_from = None
-        if resume is not None:
-            resumed, resumed_from = _restore(learner, resume, group, quiet)
-        # Saved once the config is known to fit (a bad --resume override leaves it alone).
-        if group.is_leader:
-            config_lib.save(config, os.path.join(config.logdir, "config.json"))
-        address = learner.start()
-        if not with_actors and not quiet:
-            member = f" ({group.describe()})" if group.multi else ""
-            print(f"learner listening on {address}{member}", flush=True)
-        reporter = RunReporter(
-            config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
-            group=group, stop_requested=group_stop.reason,
-        )
-        stop_reason = reporter.run_until_done(actors)
-    except KeyboardInterrupt:  # a second Ctrl-C (the first is a stop request)
-        stop_reason = group_stop.reason() or "interrupted"
-        if not quiet:
-            print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
+        try:
+            learner = Learner(config, address, group, spec=spec, agent=agent)
+            resumed = resumed_from = None
+            if resume is not None:
+                resumed, resumed_from = _restore(learner, resume, group, quiet)
+            # Saved once the config is known to fit (a bad --resume override leaves it alone).
+            if group.is_leader:
+                config_lib.save(config, os.path.join(config.logdir, "config.json"))
+            address = learner.start()
+            if not with_actors and not quiet:
+                member = f" ({group.describe()})" if group.multi else ""
+                print(f"learner listening on {address}{member}", flush=True)
+            reporter = RunReporter(
+                config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
+                group=group, stop_requested=group_stop.reason,
+            )
+            stop_reason = reporter.run_until_done(actors)
+        except KeyboardInterrupt:  # a second Ctrl-C (the first is a stop request)
+            stop_reason = group_stop.reason() or "interrupted"
+            if not quiet:
+                print(f"\n{stop_reason}: stopping actors and saving what was collected", flush=True)
+        finally:
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
+            if reporter is not None and stop_reason == "error":
+                reporter.close_display()
+            stop_processes(actors)
+            if learner is not None:
+                learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None)
+        summary = reporter.finish(stop_reason) if reporter is not None else None
     finally:
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the final checkpoint is written
-        if reporter is not None and stop_reason == "error":
-            reporter.close_display()
-        stop_processes(actors)
-        if learner is not None:
-            learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None)
-    summary = reporter.finish(stop_reason) if reporter is not None else None
+        finished.set()  # (stop_at_interpreter_exit waits for this)
     if previous_sigterm is not None:
         signal.signal(signal.SIGTERM, previous_sigterm)
     if previous_sigint is not None:
