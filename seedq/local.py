@@ -32,6 +32,8 @@ from seedq.learner.run_control import run_is_over
 
 log = logging.getLogger("seedq.local")
 
+COMPILING_LINE = ("compiling the policy and its update (from seconds to minutes for a large network); "
+                  "progress lines follow")
 # How long a local actor retries once its learner process is gone, where the
 # OS does not stop it at once (PR_SET_PDEATHSIG is Linux only).
 LOCAL_ACTOR_RETRY_SECONDS = 30.0
@@ -236,6 +238,10 @@ def train(
             if not with_actors and not quiet:
                 member = f" ({group.describe()})" if group.multi else ""
                 print(f"learner listening on {address}{member}", flush=True)
+            if not quiet and group.is_leader:
+                # Nothing else prints until the first progress line, which can be a
+                # minute away (a CNN's first compile on a CPU): say what is going on.
+                print(COMPILING_LINE, flush=True)
             reporter = RunReporter(
                 config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
                 group=group, stop_requested=group_stop.reason,

@@ -266,3 +266,31 @@ def test_int8_learner_stats_carry_its_plan(tmp_path):
     int8 = Learner(TrainConfig(logdir=str(tmp_path), eval_episodes=0, precision="int8"), "unix:unused")
     plan = int8.stats().int8_plan
     assert plan == int8.int8_plan.to_dict() and set(plan["mac_share"]) >= {"8", "256"}
+
+
+def test_progress_lines_give_the_time_left_of_a_time_or_frame_budget():
+    from seedq.learner.sinks import Tick, progress_line, time_left
+
+    def tick(frames, seconds, fps):
+        return Tick(learner_stats(frames=frames), {}, seconds, fps, 1.0)
+
+    at_60s = tick(30_000, 60.0, 500.0)
+    assert time_left(TrainConfig(max_seconds=300, max_frames=0), at_60s) == 240.0
+    assert time_left(TrainConfig(max_seconds=0, max_frames=60_000), at_60s) == 60.0  # 30k frames at 500/s
+    assert time_left(TrainConfig(max_seconds=300, max_frames=60_000), at_60s) == 60.0  # whichever comes first
+    assert time_left(TrainConfig(max_seconds=0, max_frames=0), at_60s) is None
+    assert time_left(TrainConfig(max_seconds=0, max_frames=60_000), tick(0, 5.0, 0.0)) is None  # no rate yet
+    assert progress_line(TrainConfig(max_seconds=300), at_60s).startswith("[60s, 240s left] ")
+    assert progress_line(TrainConfig(max_seconds=0), at_60s).startswith("[60s] ")
+
+
+def test_quiet_still_prints_the_one_line_result_and_the_run_directory(tmp_path, capsys):
+    from seedq.learner.sinks import ConsoleSink
+
+    config = TrainConfig(logdir=str(tmp_path / "run"), target_return=475)
+    summary = {"stop_reason": "max_frames", "frames": 20000, "wall_seconds": 12.5, "frames_to_target": None,
+               "seconds_to_target": None, "eval": {"episodes": 10, "policy": "greedy", "seed": 1, "mean": 9.0,
+                                                   "std": 1.0, "min": 8, "max": 10}}
+    ConsoleSink(config, quiet=True).finish(summary)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("done (max_frames): 20,000 frames") and str(tmp_path / "run") in out[0]
