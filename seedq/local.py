@@ -29,6 +29,7 @@ from seedq.agents import make_agent
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
 from seedq.learner.run_control import run_is_over
+from seedq.learner.server_thread import RUN_END_RECONNECT_SECONDS
 
 log = logging.getLogger("seedq.local")
 
@@ -258,7 +259,9 @@ def train(
                 reporter.close_display()
             stop_processes(actors)
             if learner is not None:
-                learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None)
+                # Remote actors may be between reconnects: serve the notice a while (local ones are stopped).
+                learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None,
+                             notice_least_seconds=0.0 if with_actors else RUN_END_RECONNECT_SECONDS)
         summary = reporter.finish(stop_reason) if reporter is not None else None
     finally:
         finished.set()  # (stop_at_interpreter_exit waits for this)

@@ -170,3 +170,22 @@ def test_health_service_reports_the_end_of_the_run(tmp_path):
 
     assert asyncio.run(main()) == ["SERVING", "SERVING", "NOT_SERVING", "NOT_SERVING"]
 
+
+
+def test_an_actor_between_reconnects_hears_the_end_of_a_run(tmp_path):
+    """A learner whose run is over at once (a resumed run whose restored return
+    window already meets the target) serves the notice for a while: an actor
+    that was retrying meanwhile connects and exits 0 instead of waiting on."""
+    from seedq.learner.server_thread import RUN_END_RECONNECT_SECONDS
+
+    address = f"unix:{tmp_path}/learner.sock"
+    actor = start_actor(address, tmp_path, "late")  # before the learner: it retries every second at most
+    try:
+        wait_until(lambda: "waiting for the learner" in actor.log.read_text(), "the actor to retry", 60)
+        learner = Learner(CONFIG, address)
+        learner.start(train=True)
+        learner.stop(run_ended="target_return", notice_least_seconds=RUN_END_RECONNECT_SECONDS)
+        assert actor.wait(10) == 0, actor.log.read_text()
+    finally:
+        stop([actor])
+    assert json.loads(actor.stats.read_text())["run_ended"] == "target_return"

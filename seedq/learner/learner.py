@@ -245,13 +245,14 @@ class Learner:
         far; None before start() or where the OS has no per-thread CPU clock."""
         return self._server.cpu_seconds()
 
-    def stop(self, run_ended: str | None = None) -> None:
+    def stop(self, run_ended: str | None = None, notice_least_seconds: float = 0.0) -> None:
         """Stops training and serving. `run_ended` (the stop reason of a run
-        that is over for good) is first told to the connected actors
-        (docs/wire.md "The end of a run"); without it they reconnect to a restart."""
+        that is over for good) is first told to the connected actors and to
+        those that connect within `notice_least_seconds` (docs/wire.md "The end
+        of a run"); without it they reconnect to a restart."""
         self._stop.set()
         self.queue.close()
-        self._server.stop(run_ended)
+        self._server.stop(run_ended, notice_least_seconds)
         for thread in self._threads:
             thread.join(timeout=10)
         if self.training:

@@ -30,6 +30,7 @@ class ServerThread:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._run_ended: str | None = None
+        self._run_end_least_seconds = 0.0
 
     def start(self) -> str:
         """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
@@ -40,10 +41,12 @@ class ServerThread:
             raise self._error
         return self.address
 
-    def stop(self, run_ended: str | None = None) -> None:
+    def stop(self, run_ended: str | None = None, least_seconds: float = 0.0) -> None:
         """Asks the server to stop (the caller joins `thread`); with `run_ended`
-        (a stop reason), telling the actors that the run is over first."""
+        (a stop reason), telling the actors that the run is over first, serving
+        at least `least_seconds` for those reconnecting meanwhile."""
         self._run_ended = run_ended
+        self._run_end_least_seconds = least_seconds
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._shutdown_event.set)
 
@@ -98,7 +101,7 @@ class ServerThread:
             # or exit), or with the run's end, before the server stops taking messages.
             self._inference.close(run_ended)
             if run_ended:
-                await wait_for_streams_to_end(service, RUN_END_NOTICE_SECONDS)
+                await wait_for_streams_to_end(service, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
             service.idle.close()
             await server.stop(grace=1.0)
             batcher.cancel()
@@ -108,10 +111,15 @@ class ServerThread:
 # actor hears so at its next step (an actor's step is milliseconds; an actor
 # still starting or between reconnects gets the notice if it comes in time).
 RUN_END_NOTICE_SECONDS = 5.0
+# What a learner serving remote actors keeps serving at least: actors between
+# two reconnects (seedq's retry at most every second) hear it too, e.g. of a
+# resumed run whose restored return window already meets its target.
+RUN_END_RECONNECT_SECONDS = 2.5
 
 
-async def wait_for_streams_to_end(service, timeout: float) -> None:
-    """Until no actor stream is open, or `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while service.idle.open_streams and asyncio.get_running_loop().time() < deadline:
+async def wait_for_streams_to_end(service, timeout: float, least: float = 0.0) -> None:
+    """Until no actor stream is open (and `least` seconds have passed), or `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() < start + timeout and (service.idle.open_streams or loop.time() < start + least):
         await asyncio.sleep(0.05)
