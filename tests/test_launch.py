@@ -665,8 +665,10 @@ def test_the_default_install_is_a_wheel_of_this_checkout_that_installs_in_a_fres
     scripts = {kind: dry_run(kind, "--zone", "us-central2-b", "--auth.token-file", token, "--install", "")
                for kind in ("tpu-vm", "gpu-vm")}
     for kind, script in scripts.items():
-        assert script.splitlines()[0] == f"# will create (installing seedq {seedq.__version__}, wheel of commit " \
-            f"{commit}{'+dirty' if '+dirty' in script.splitlines()[0] else ''}):", script.splitlines()[0]
+        assert script.startswith("#!/bin/bash\n")  # the plan stays a script: its summary follows the shebang
+        header = script.splitlines()[1]
+        assert header == f"# will create (installing seedq {seedq.__version__}, wheel of commit " \
+            f"{commit}{'+dirty' if '+dirty' in header else ''}):", header
         commands = _commands(script)
         assert any("scp" in c and f"dist/{wheel}" in c for c in commands), kind  # the wheel goes to the learner
         start = [c for c in commands if "ssh" in c and any("nohup" in w for w in c)][-1]

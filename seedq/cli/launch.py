@@ -99,14 +99,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        sys.stdout.write("\n".join(["# " + line for line in summary]) + "\n" + gcloud.to_shell(steps))
+        shebang, script = gcloud.to_shell(steps).split("\n", 1)
+        sys.stdout.write("\n".join([shebang, *("# " + line for line in summary)]) + "\n" + script)
         return 0
     print("\n".join(summary), flush=True)
-    if not args.yes and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+    if not args.yes and not _answered_yes("Go ahead? [y/N] "):
         print(f"{prog}: nothing done", file=sys.stderr)
         return 1
     code = gcloud.run_plan(steps, log=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
     return code
+
+
+def _answered_yes(question: str) -> bool:
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except (EOFError, KeyboardInterrupt):  # Ctrl-D / Ctrl-C at the question: a no
+        print()
+        return False
 
 
 def _with_install(opts, config: TrainConfig):
