@@ -189,3 +189,27 @@ def test_an_actor_between_reconnects_hears_the_end_of_a_run(tmp_path):
     finally:
         stop([actor])
     assert json.loads(actor.stats.read_text())["run_ended"] == "target_return"
+
+
+def test_an_impala_actor_hears_the_end_of_the_run_and_exits_0(tmp_path):
+    config = dataclasses.replace(CONFIG, architecture="impala")
+    learner = Learner(config, f"unix:{tmp_path}/learner.sock")
+    actor = None
+    try:
+        address = learner.start(train=True)
+        log = open(tmp_path / "impala.log", "wb")
+        actor = subprocess.Popen(
+            [sys.executable, "-m", "seedq.cli", "impala-actor", "--server", address, "--env", "CartPole-v1",
+             "--num-envs", "4", "--actor-id", "impala-0"], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_until(lambda: learner.stats().frames > 0, "the IMPALA actor's first unrolls", 120)
+        stopping = threading.Thread(target=learner.stop, kwargs={"run_ended": "max_frames"})
+        stopping.start()
+        code = actor.wait(10)
+        stopping.join()
+    finally:
+        if actor is not None:
+            stop([actor])
+        learner.stop()
+    assert code == 0, (tmp_path / "impala.log").read_text()
+    assert "ended (max_frames)" in (tmp_path / "impala.log").read_text()

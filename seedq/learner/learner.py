@@ -251,6 +251,7 @@ class Learner:
         those that connect within `notice_least_seconds` (docs/wire.md "The end
         of a run"); without it they reconnect to a restart."""
         self._stop.set()
+        self._server.mark_run_ended(run_ended)
         self.queue.close()
         self._server.stop(run_ended, notice_least_seconds)
         for thread in self._threads:

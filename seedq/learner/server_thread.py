@@ -31,6 +31,7 @@ class ServerThread:
         self._error: BaseException | None = None
         self._run_ended: str | None = None
         self._run_end_least_seconds = 0.0
+        self._service = None
 
     def start(self) -> str:
         """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
@@ -45,10 +46,17 @@ class ServerThread:
         """Asks the server to stop (the caller joins `thread`); with `run_ended`
         (a stop reason), telling the actors that the run is over first, serving
         at least `least_seconds` for those reconnecting meanwhile."""
-        self._run_ended = run_ended
+        self.mark_run_ended(run_ended)
         self._run_end_least_seconds = least_seconds
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._shutdown_event.set)
+
+    def mark_run_ended(self, run_ended: str | None) -> None:
+        """Records that the run is over (before the learner's queue closes, so
+        that a stream ended by the closing queue already tells its actor)."""
+        self._run_ended = run_ended
+        if run_ended and self._service is not None:
+            self._service.run_ended = run_ended
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the thread (gRPC, batching, inference) has used so far;
@@ -79,7 +87,7 @@ class ServerThread:
     async def _serve_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown_event = asyncio.Event()
-        service = self._make_service()
+        service = self._service = self._make_service()
         try:
             server, self.address, set_serving = await start_server(
                 service, self._requested_address, server_config=self._config.server,
@@ -96,6 +104,7 @@ class ServerThread:
             await self._shutdown_event.wait()
         finally:
             run_ended = self._run_ended
+            service.run_ended = run_ended
             await set_serving(False, run_ended=bool(run_ended))
             # Answer every waiting stream with UNAVAILABLE (actors reconnect
             # or exit), or with the run's end, before the server stops taking messages.

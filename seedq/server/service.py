@@ -43,6 +43,9 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         self.spec = spec if spec is not None else inference.spec
         self.learner_run = learner_run
         self.env_id = env_id  # the learner's env, named in a mismatch refusal
+        # The stop reason once the run is over for good (set by the server thread
+        # before it stops): streams are told so (docs/wire.md "The end of a run").
+        self.run_ended: str | None = None
         self.max_envs_per_actor = max_envs_per_actor
         self.idle = channel.IdleWatchdog(peer_timeout_seconds)
 
@@ -117,8 +120,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                 return
             handshake = self.check_handshake(message)
             guard.reads_run_ended = handshake.reads_run_ended
-            if self.inference.run_ended:  # an actor (re)connecting while the run's end is being told
-                raise RunEnded(self.inference.run_ended)
+            if self.run_ended:  # an actor (re)connecting while the run's end is being told
+                raise RunEnded(self.run_ended)
             entry, superseded = self.connect(handshake)
         guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
@@ -229,10 +232,12 @@ class StreamGuard:
     (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
     """
 
-    def __init__(self, context, learner_run: str = ""):
+    def __init__(self, context, learner_run: str = "", ended_message=None):
         self.context = context
         self.who = f"a new stream from {context.peer()}"
         self.learner_run = learner_run
+        # stop_reason -> the stream's last message when the run is over (its RPC's response type).
+        self.ended_message = ended_message or (lambda reason: codec.encode_run_ended(reason, learner_run))
         # The handshake's reads_run_ended: the run's end is told by a RunEnded message.
         self.reads_run_ended = False
 
@@ -246,7 +251,7 @@ class StreamGuard:
             return False  # already aborted with its status
         if isinstance(error, RunEnded) and self.reads_run_ended:
             # The last message; the stream then ends with OK.
-            await self.context.write(codec.encode_run_ended(error.stop_reason, self.learner_run))
+            await self.context.write(self.ended_message(error.stop_reason))
             return True
         code, details = self.status_of(error)
         await self.context.abort(code, details)

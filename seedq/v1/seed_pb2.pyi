@@ -165,11 +165,13 @@ class UnrollMessage(_message.Message):
     def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., unrolls: _Optional[_Union[UnrollBatch, _Mapping]] = ...) -> None: ...
 
 class UnrollAck(_message.Message):
-    __slots__ = ("policy_version", "learner_run", "config_json")
+    __slots__ = ("policy_version", "learner_run", "config_json", "run_ended")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_RUN_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     learner_run: str
     config_json: str
-    def __init__(self, policy_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., config_json: _Optional[str] = ...) -> None: ...
+    run_ended: str
+    def __init__(self, policy_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., config_json: _Optional[str] = ..., run_ended: _Optional[str] = ...) -> None: ...
