@@ -213,3 +213,16 @@ def test_an_impala_actor_hears_the_end_of_the_run_and_exits_0(tmp_path):
         learner.stop()
     assert code == 0, (tmp_path / "impala.log").read_text()
     assert "ended (max_frames)" in (tmp_path / "impala.log").read_text()
+
+
+def test_a_learner_that_served_no_actor_frames_exits_1_with_no_actors(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "learner", "--env", "CartPole-v1", "--address",
+         f"unix:{tmp_path}/learner.sock", "--max-seconds", "3", "--logdir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "stop_reason no_actors" in result.stderr and "Traceback" not in result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "no_actors" and summary["frames"] == 0
+    assert summary["eval"] is None  # nothing trained: no evaluation of it
