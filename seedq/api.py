@@ -7,8 +7,10 @@ command calls with its flags). Only then does it run the learner and its
 actor processes, in this process, and return a `Run`.
 
 Signal handlers are installed only when `train` runs on the main thread, so a
-notebook cell or a worker thread can call it; Ctrl-C in a notebook stops the
-run after its final checkpoint, like the command.
+notebook cell or a worker thread can call it. Ctrl-C stops the run after its
+final checkpoint and summary, like the command, and `train` then raises
+KeyboardInterrupt; on a worker thread, a Ctrl-C that ends the main thread
+stops the run the same way before the interpreter exits.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ def train(config=None, *, quiet: bool = False, resume: str | None = None, overwr
                           overwrite=overwrite, wait_for_lock=resume == "auto")
     if summary.get("stop_reason") == "terminated" and "frames" not in summary:
         raise RuntimeError("the run was stopped before it started")
+    if summary.get("stop_reason") == "interrupted":
+        # Ctrl-C stops the caller too (a loop of runs, a script), once the run is saved.
+        raise KeyboardInterrupt(f"run stopped; checkpoint and summary in {prepared.config.logdir}")
     return Run(prepared.config.logdir, summary)
 
 

@@ -38,6 +38,10 @@ log = logging.getLogger("seedq.server")
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
 # The RPC service whose health the learner reports (besides the overall "").
 LEARNER_SERVICE = "seedq.v1.Learner"
+# The health service's name for the run itself: SERVING while it goes on (also
+# while the learner starts, or stops to be restarted), NOT_SERVING once it
+# has ended for good (docs/wire.md).
+RUN_SERVICE = "seedq.v1.Run"
 # Status codes an actor does not retry: reconnecting cannot fix its credentials.
 AUTH_FAILURE_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # Markers gRPC puts in UNAVAILABLE details when our TLS handshake failed
@@ -223,7 +227,8 @@ MAX_HEALTH_WATCHES = 32
 
 async def add_health_service(*servers: grpc.aio.Server):
     """Adds one standard gRPC health service to `servers`; returns a coroutine
-    function `set_serving(bool)` that updates the status of "" and the Learner service."""
+    function `set_serving(bool, run_ended=False)` that updates the status of ""
+    and the Learner service (and with `run_ended`, marks RUN_SERVICE NOT_SERVING)."""
     from grpc_health.v1 import health, health_pb2
 
     servicer = health.aio.HealthServicer()
@@ -231,12 +236,15 @@ async def add_health_service(*servers: grpc.aio.Server):
     for server in servers:
         server.add_generic_rpc_handlers((handler,))
 
-    async def set_serving(serving: bool) -> None:
+    async def set_serving(serving: bool, *, run_ended: bool = False) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", LEARNER_SERVICE):
             await servicer.set(service, status)
+        if run_ended:
+            await servicer.set(RUN_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     await set_serving(False)
+    await servicer.set(RUN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     return set_serving
 
 
@@ -412,6 +420,11 @@ class IdleWatchdog:
         self._waiting.pop(task, None)
         self._names.pop(task, None)
         self._closed.discard(task)
+
+    @property
+    def open_streams(self) -> int:
+        """Streams registered and not yet ended."""
+        return len(self._names)
 
     def closed(self, task: asyncio.Task) -> bool:
         """Whether this watchdog cancelled `task` (its actor was silent too long)."""

@@ -48,6 +48,9 @@ MAX_EPISODE_STEPS = 100_000
 # A GIF keeps every frame in memory and plays at most ~50 fps; longer or
 # faster episodes keep every k-th frame.
 GIF_MAX_FPS = 25
+# Video frames are scaled up by a whole factor until their short side is at
+# least this many pixels (MinAtar renders 10x10; players shrink tiny videos).
+MIN_VIDEO_SIDE = 80
 
 
 @dataclasses.dataclass
@@ -259,9 +262,9 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int, options: En
             return
         if count % stride == 0:
             if writer is not None:
-                writer.append_data(_even(np.asarray(frame, np.uint8)))
+                writer.append_data(_even(video_frame(frame)))
             else:
-                frames.append(np.asarray(frame, np.uint8))
+                frames.append(video_frame(frame))
         count += 1
 
     try:
@@ -283,6 +286,25 @@ def _record_video(policy: Policy, env_id: str, path: str, seed: int, options: En
         imageio.mimsave(path, frames, duration=1000.0 * stride / fps, loop=0)
     return {"path": path, "frames": (count + stride - 1) // stride, "return": total,
             "fps": fps / stride}
+
+
+def video_frame(frame) -> np.ndarray:
+    """An env's rendered frame as uint8 RGB [H, W, 3] with its short side at
+    least MIN_VIDEO_SIDE, scaled by a whole factor (sharp pixels). Float
+    frames are in [0, 1] (MinAtar), so they are scaled to 0..255 first: a
+    plain uint8 cast made them black."""
+    frame = np.asarray(frame)
+    if np.issubdtype(frame.dtype, np.floating):
+        frame = np.clip(np.rint(frame * 255.0), 0, 255)
+    frame = frame.astype(np.uint8)
+    if frame.ndim == 2:
+        frame = frame[..., None]
+    if frame.shape[-1] == 1:
+        frame = np.repeat(frame, 3, axis=-1)
+    factor = math.ceil(MIN_VIDEO_SIDE / min(frame.shape[:2]))
+    if factor > 1:
+        frame = frame.repeat(factor, axis=0).repeat(factor, axis=1)
+    return frame
 
 
 def _even(frame: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ TERMINATED = 128 + signal.SIGTERM
 # What each means, for help texts and docs (status -> one line).
 TABLE = {
     FINISHED: "finished: the run met its stop condition",
-    RUNTIME_FAILURE: "runtime failure (learner_error in summary.json, an unreadable file, ...)",
+    RUNTIME_FAILURE: "runtime failure (learner_error or no_actors in summary.json, an unreadable file, ...)",
     USAGE: "usage or config error (flags, config, credentials): retrying cannot help",
     PEER_LOST: "a process of a multi-host learner group was lost",
     INTERRUPTED: "Ctrl-C, after the checkpoint",
@@ -49,4 +49,5 @@ def for_stop_reason(stop_reason: str) -> int:
         "terminated": TERMINATED,
         "learner_error": RUNTIME_FAILURE,
         "actors_exited": RUNTIME_FAILURE,
+        "no_actors": RUNTIME_FAILURE,
     }.get(stop_reason, FINISHED)

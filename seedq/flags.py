@@ -188,14 +188,33 @@ def section_summary(cls) -> str:
     return doc.split(". ")[0].rstrip(".")
 
 
-def _help_text(cls, field, dotted: str) -> str:
+def _help_text(cls, field, dotted: str, defaults: TrainConfig | None = None, env_id: str = "") -> str:
+    """A flag's help: its comment and default. An env-dependent default is the
+    one of `defaults` (the env `env_id`'s: seedq.envs.run_defaults) where given."""
     comment = field_comments(cls).get(field.name, "")
     if dotted in env_dependent_fields():
-        default = (f"env-dependent, {format_default(field.default) or '(empty)'} for CartPole-v1; "
-                   "see --print-config --env ENV")
+        if defaults is None:
+            default = "env-dependent; see --print-config --env ENV"
+        else:
+            value = functools.reduce(getattr, dotted.split("."), defaults)
+            default = f"{format_default(value)} for {env_id}, env-dependent; see --print-config --env ENV"
     else:
         default = format_default(field.default)
     return (f"{comment} " if comment else "").replace("%", "%%") + f"(default: {default})"
+
+
+def show_env_defaults(parser: argparse.ArgumentParser, env_id: str) -> None:
+    """Rewrites the help of `parser`'s env-dependent flags with `env_id`'s
+    defaults (done when help is printed: resolving them builds the env)."""
+    dependent = [a for a in parser._actions if getattr(a, "doc_class", None) and a.dest in env_dependent_fields()]
+    if not dependent:
+        return
+    from seedq.envs import run_defaults  # (gymnasium: only when help is printed)
+
+    defaults = run_defaults(env_id)
+    for action in dependent:
+        field = next(f for f in dataclasses.fields(action.doc_class) if f.name == action.dest.rsplit(".", 1)[-1])
+        action.help = _help_text(action.doc_class, field, action.dest, defaults, env_id)
 
 
 def help_group(parser: argparse.ArgumentParser, name: str, description: str | None = None):

@@ -27,9 +27,13 @@ from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
 from seedq.learner.learner import Learner
 from seedq.learner.reporting import RunReporter
+from seedq.learner.run_control import run_is_over
+from seedq.learner.server_thread import RUN_END_RECONNECT_SECONDS
 
 log = logging.getLogger("seedq.local")
 
+COMPILING_LINE = ("compiling the policy and its update (from seconds to minutes for a large network); "
+                  "progress lines follow")
 # How long a local actor retries once its learner process is gone, where the
 # OS does not stop it at once (PR_SET_PDEATHSIG is Linux only).
 LOCAL_ACTOR_RETRY_SECONDS = 30.0
@@ -96,19 +100,51 @@ class _GroupStopRequest:
     def reason(self) -> str | None:
         return self._reason
 
+    def request(self, reason: str) -> None:
+        """A stop asked for other than by a signal to this thread (see stop_at_interpreter_exit)."""
+        if self._reason is None:
+            self._reason = reason
+            print(f"\n{reason}: {self._action}", flush=True)
+
+
+def stop_at_interpreter_exit(stop: _GroupStopRequest, finished: threading.Event) -> None:
+    """For a run on a thread other than the main one (no signal handler can be
+    installed there): when the interpreter exits, it waits for the run here,
+    and a Ctrl-C that ended the main thread first stops the run, which then
+    writes its checkpoint and summary. Registered with threading's own exit
+    hooks (no public API does this), which run before the non-daemon threads
+    are joined and before concurrent.futures refuses new work, which the
+    checkpoint writer still needs."""
+
+    def at_exit() -> None:
+        ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # the uncaught exception
+        if isinstance(ended_by, KeyboardInterrupt) and not finished.is_set():
+            stop.request("interrupted")
+        finished.wait()
+
+    # Hooks run last-registered first: concurrent.futures' own (which makes
+    # executors refuse work) must be registered before this one.
+    import concurrent.futures.thread  # noqa: F401
+
+    threading._register_atexit(at_exit)
+
 
 def _still_saving(signum, frame) -> None:
     print("\nstill saving the final checkpoint and summary.json (kill -9 abandons them)", flush=True)
 
 
 def spawn_actors(
-    address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0
+    address: str, config: TrainConfig, stats_dir: str | None = None, stats_skip_seconds: float = 0.0,
+    own_session: bool = False,
 ) -> list[subprocess.Popen]:
-    """Starts `config.num_actors` actor processes; with `stats_dir`, each writes actor-<i>.json."""
+    """Starts `config.num_actors` actor processes; with `stats_dir`, each writes actor-<i>.json.
+    `own_session`: out of the terminal's process group, so that its Ctrl-C
+    reaches only this process, which stops them (they die with it regardless)."""
     procs = []
     for i in range(config.num_actors):
         stats = os.path.join(stats_dir, f"actor-{i}.json") if stats_dir else None
-        procs.append(subprocess.Popen(actor_command(address, config, i, stats, stats_skip_seconds)))
+        procs.append(subprocess.Popen(actor_command(address, config, i, stats, stats_skip_seconds),
+                                      start_new_session=own_session))
     return procs
 
 
@@ -174,23 +210,40 @@ def train(
     run_lock = _claim_run_dir(config.logdir, group, fresh=resume is None, overwrite=overwrite,
                               wait=wait_for_lock)
     try:
-        # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
-        stats_dir = os.path.join(config.logdir, run_dirs.ACTORS) if group.is_leader else None
-        if with_actors and stats_dir:
-            os.makedirs(stats_dir, exist_ok=True)
-        actors = spawn_actors(address, config, stats_dir) if with_actors else []
-        learner = None
-        reporter = None
-        stop_reason = "error"
-        previous_sigterm = previous_sigint = None
-        # A group stops together: SIGTERM and Ctrl-C on one process are a stop
-        # request the group decides on (every process then checkpoints the same
-        # step), not an exception that would leave this one saving alone.
-        group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
-            "stopping actors and saving what was collected")
-        if threading.current_thread() is threading.main_thread():
-            previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
-            previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+        return _serve(config, spec, agent, group, address, started=started, quiet=quiet,
+                      with_actors=with_actors, resume=resume)
+    finally:
+        if run_lock is not None:
+            run_lock.release()
+
+
+def _serve(config: TrainConfig, spec, agent, group, address: str, *, started: float, quiet: bool,
+           with_actors: bool, resume: str | None) -> dict:
+    """`train` once the run directory is claimed: actors, learner, the run, its summary."""
+    # Each local actor writes its time split and byte counts to <logdir>/actors/ at exit.
+    stats_dir = os.path.join(config.logdir, run_dirs.ACTORS) if group.is_leader else None
+    if with_actors and stats_dir:
+        os.makedirs(stats_dir, exist_ok=True)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    # Off the main thread, a Ctrl-C is seen only when it ends the main thread
+    # (stop_at_interpreter_exit): until then the actors must not stop on it.
+    actors = spawn_actors(address, config, stats_dir, own_session=not on_main_thread) if with_actors else []
+    learner = None
+    reporter = None
+    stop_reason = "error"
+    previous_sigterm = previous_sigint = None
+    # A group stops together: SIGTERM and Ctrl-C on one process are a stop
+    # request the group decides on (every process then checkpoints the same
+    # step), not an exception that would leave this one saving alone.
+    group_stop = _GroupStopRequest() if group.multi else _GroupStopRequest(
+        "stopping actors and saving what was collected")
+    finished = threading.Event()
+    if on_main_thread:
+        previous_sigterm = signal.signal(signal.SIGTERM, group_stop.handler)
+        previous_sigint = signal.signal(signal.SIGINT, group_stop.handler)
+    else:
+        stop_at_interpreter_exit(group_stop, finished)
+    try:
         try:
             learner = Learner(config, address, group, spec=spec, agent=agent)
             resumed = resumed_from = None
@@ -203,6 +256,10 @@ def train(
             if not with_actors and not quiet:
                 member = f" ({group.describe()})" if group.multi else ""
                 print(f"learner listening on {address}{member}", flush=True)
+            if not quiet and group.is_leader:
+                # Nothing else prints until the first progress line, which can be a
+                # minute away (a CNN's first compile on a CPU): say what is going on.
+                print(COMPILING_LINE, flush=True)
             reporter = RunReporter(
                 config, learner, started, quiet=quiet, resumed=resumed, resumed_from=resumed_from,
                 group=group, stop_requested=group_stop.reason,
@@ -223,21 +280,21 @@ def train(
                 reporter.close_display()
             stop_processes(actors)
             if learner is not None:
-                learner.stop()
+                # Remote actors may be between reconnects: serve the notice a while (local ones are stopped).
+                learner.stop(run_ended=stop_reason if run_is_over(stop_reason) else None,
+                             notice_least_seconds=0.0 if with_actors else RUN_END_RECONNECT_SECONDS)
         summary = reporter.finish(stop_reason) if reporter is not None else None
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
-        if previous_sigint is not None:
-            signal.signal(signal.SIGINT, previous_sigint)
-        if summary is None and stop_reason == "terminated":
-            return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
-        if summary is None:
-            raise RuntimeError("the learner failed to start; see the log above")
-        return summary
     finally:
-        if run_lock is not None:
-            run_lock.release()
-
+        finished.set()  # (stop_at_interpreter_exit waits for this)
+    if previous_sigterm is not None:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    if previous_sigint is not None:
+        signal.signal(signal.SIGINT, previous_sigint)
+    if summary is None and stop_reason == "terminated":
+        return {"stop_reason": stop_reason}  # stopped before serving: nothing to checkpoint
+    if summary is None:
+        raise RuntimeError("the learner failed to start; see the log above")
+    return summary
 
 def _claim_run_dir(logdir: str, group, *, fresh: bool, overwrite: bool, wait: bool):
     """Process 0 takes the run directory's lock (unless its supervisor holds

@@ -400,3 +400,57 @@ def test_an_export_whose_program_lies_outside_its_directory_is_refused_unread(tm
             seedq.load_policy(directory)
         assert "export directory" in str(refused.value) and "\n" not in str(refused.value), name
     assert opened == []
+
+
+CTRL_C_SCRIPT = r'''
+import os, sys, threading, time
+import seedq
+
+logdir, where = sys.argv[1], sys.argv[2]
+
+def train():
+    try:
+        seedq.train(env="CartPole-v1", max_seconds=600, target_return=None, logdir=logdir, quiet=True,
+                    eval_episodes=0, checkpoint_every_seconds=0)
+    except KeyboardInterrupt:
+        print("train raised KeyboardInterrupt", flush=True)
+        raise
+
+if where == "main":
+    train()
+else:
+    worker = threading.Thread(target=train)
+    worker.start()
+    worker.join()  # Ctrl-C lands here, on the main thread
+'''
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("where", ["main", "worker"])
+def test_ctrl_c_stops_a_run_with_its_summary_and_raises_keyboard_interrupt(tmp_path, where):
+    """Ctrl-C (SIGINT to the terminal's process group) while `seedq.train` runs on
+    the main thread or on a worker thread: the run stops with its checkpoint and
+    summary, and KeyboardInterrupt reaches the caller."""
+    import signal
+    import time
+
+    logdir = tmp_path / "run"
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(logdir), where], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (logdir / "stats.json").exists() or json.loads((logdir / "stats.json").read_text())["frames"] == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "train raised KeyboardInterrupt" in out, out
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["frames"] > 0, summary
+    assert summary["checkpoint"] and os.path.isdir(summary["checkpoint"]), summary
+    assert "Fatal" not in out and "cannot schedule new futures" not in out, out

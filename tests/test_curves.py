@@ -132,3 +132,26 @@ def test_records_pass_every_call_to_every_sink():
     records.close()
     assert calls == [("tb", "tick"), ("csv", "tick"), ("tb", "evaluation", 7), ("csv", "evaluation", 7),
                      ("tb", "close"), ("csv", "close")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("frames, seconds", [(200_000_000, 60_000.0), (3_000_000, 100_000.0), (40_000, 90.0)])
+def test_plot_ticks_stay_readable_on_long_runs(tmp_path, frames, seconds):
+    """Short labels (50M, hours), no scientific offset to multiply by, and no two labels touching."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    sink = curves.CurvesSink(str(tmp_path))
+    for i in range(1, 101):
+        sink.tick(_tick(frames * i // 100, float(i), seconds=seconds * i / 100))
+    sink.close()
+    fig = curves.curves_figure([str(tmp_path)])
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        shown = [t for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if low <= x <= high and t.get_text()]
+        assert 3 <= len(shown) <= 7, [t.get_text() for t in shown]
+        assert ax.xaxis.get_offset_text().get_text() == ""
+        assert all(len(t.get_text()) <= 5 for t in shown), [t.get_text() for t in shown]
+        boxes = sorted((t.get_window_extent(renderer) for t in shown), key=lambda b: b.x0)
+        assert all(a.x1 + 5 <= b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in shown]
+    assert fig.axes[1].get_xlabel() == f"elapsed {curves.time_unit(seconds)[0]}"

@@ -72,11 +72,11 @@ def test_every_render_validates_strictly_for_kubernetes_1_30(renders):
             # warning) raises SchemaNotFoundError, so "no warnings" is asserted too.
             assert kubernetes_validate.validate(doc, K8S_VERSION, strict=True) == "1.30", name
     # The check has teeth: an unknown field and a wrong type are refused.
-    job = copy.deepcopy(next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job"))
+    job = copy.deepcopy(learner_job(renders["tpu-v5litepod-16.yaml"]))
     job["spec"]["template"]["spec"]["containers"][0]["gpuCount"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
-    job = copy.deepcopy(next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job"))
+    job = copy.deepcopy(learner_job(renders["tpu-v5litepod-16.yaml"]))
     job["spec"]["completions"] = "four"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
@@ -90,7 +90,7 @@ def test_the_learner_job_restarts_after_a_disruption_or_sigterm_without_spending
     from seedq import exit_codes
 
     for name, docs in renders.items():
-        job = next(d for d in docs if d["kind"] == "Job")
+        job = learner_job(docs)
         rules = job["spec"]["podFailurePolicy"]["rules"]
         by_code = {code: rule["action"] for rule in rules if "onExitCodes" in rule
                    for code in rule["onExitCodes"]["values"]}
@@ -130,10 +130,10 @@ def test_the_regeneration_command_writes_the_committed_files(tmp_path):
 
 
 @pytest.mark.unit
-def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
+def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_job_each(renders):
     docs = renders["tpu-v5litepod-16.yaml"]
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service", "Job"] + ["Deployment"] * 4
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Service", "Job"] + ["Job"] * 4
     assert "Secret" not in kinds and not any("Role" in k for k in kinds)
     service = docs[2]
     assert service["spec"]["clusterIP"] == "None"
@@ -147,7 +147,8 @@ def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
     assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
     assert docs[1]["spec"]["accessModes"] == ["ReadWriteMany"]
     deployments = docs[4:]
-    assert sum(d["spec"]["replicas"] for d in deployments) == 16  # the config's num_actors
+    assert deployments == actor_jobs(docs) and learner_job(docs) is job
+    assert sum(d["spec"]["completions"] for d in deployments) == 16  # the config's num_actors
     servers = [d["spec"]["template"]["spec"]["containers"][0]["command"] for d in deployments]
     assert [c[c.index("--server") + 1] for c in servers] == [
         f"pong-tpu-learner-{i}.pong-tpu-learner:50051" for i in range(4)]
@@ -159,21 +160,21 @@ def test_tpu_v5litepod_16_is_four_hosts_with_one_actor_deployment_each(renders):
 
 @pytest.mark.unit
 def test_gpu_and_cpu_renders(renders):
-    job = next(d for d in renders["gpu x8 r2d2"] if d["kind"] == "Job")
+    job = learner_job(renders["gpu x8 r2d2"])
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert job["spec"]["completions"] == 1
-    gpu = next(d for d in renders["gpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    gpu = learner_job(renders["gpu.yaml"])["spec"]["template"]["spec"]
     assert gpu["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     # The native gRPC probe asks the plaintext health-only port, with or without TLS on the actor port.
-    tpu = next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    tpu = learner_job(renders["tpu-v5litepod-16.yaml"])["spec"]["template"]["spec"]
     for pod in (gpu, tpu):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert pod["containers"][0][probe]["grpc"] == {"port": 50052}, probe
     config_map = next(d for d in renders["tpu-v5litepod-16.yaml"] if d["kind"] == "ConfigMap")
     assert json.loads(config_map["data"]["config.json"])["server"]["health_port"] == 50052
-    cpu = next(d for d in renders["cpu.yaml"] if d["kind"] == "Job")["spec"]["template"]["spec"]
+    cpu = learner_job(renders["cpu.yaml"])["spec"]["template"]["spec"]
     assert "limits" not in cpu["containers"][0]["resources"] and "nodeSelector" not in cpu
 
 
@@ -192,7 +193,15 @@ def test_renders_are_deterministic_and_hold_no_key_material(renders):
 
 
 def _pod(doc: dict) -> dict | None:
-    return doc["spec"]["template"]["spec"] if doc["kind"] in ("Job", "Deployment") else None
+    return doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else None
+
+
+def learner_job(docs: list[dict]) -> dict:
+    return next(d for d in docs if d["kind"] == "Job" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "learner")
+
+
+def actor_jobs(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] == "Job" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "actor"]
 
 
 # Files each Secret provides (launch/README.md's `kubectl create secret` commands).
@@ -222,25 +231,26 @@ def _stub_pod_files(doc: dict, root: pathlib.Path, docs: list[dict]) -> dict[str
     return mapping
 
 
-def _localise(words: list[str], mapping: dict[str, str], pod_name: str = "pong-actors-7d9c-x2") -> list[str]:
+def _localise(words: list[str], mapping: dict[str, str], index: str = "7") -> list[str]:
     out = []
     for word in words:
         for pod_path, here in sorted(mapping.items(), key=lambda kv: -len(kv[0])):
             word = re.sub(re.escape(pod_path) + r"(?=/|$)", here, word)
-        out.append(word.replace("$(POD_NAME)", pod_name))
+        out.append(word.replace("$(JOB_COMPLETION_INDEX)", index))
     return out
 
 
 @pytest.mark.unit
 def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path):
     for name, docs in renders.items():
-        for doc in (d for d in docs if d["kind"] in ("Job", "Deployment")):
+        for doc in (d for d in docs if d["kind"] == "Job"):
             root = tmp_path / f"{name}-{doc['metadata']['name']}".replace(" ", "_")
             mapping = _stub_pod_files(doc, root, docs)
             (container,) = _pod(doc)["containers"]
             command = container["command"]
             assert command[0] == "seedq"
-            if doc["kind"] == "Job":
+            is_learner = doc is learner_job(docs)
+            if is_learner:
                 # The run config is read from the ConfigMap, with pod paths: localise them too.
                 config_path = pathlib.Path(mapping[k8s.CONFIG_DIR]) / "config.json"
                 config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
@@ -248,7 +258,7 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
             code, out, err = run_cli(_localise(command[1:], mapping) + ["--print-config"])
             assert code == 0, f"{name} {doc['metadata']['name']}: {err}"
             printed = json.loads(out)
-            if doc["kind"] == "Job":
+            if is_learner:
                 assert command[1:] == ["learner", "--config", f"{k8s.CONFIG_DIR}/config.json", "--resume", "auto"]
                 assert printed["address"] == "0.0.0.0:50051"
                 assert printed["logdir"].startswith(str(root / "runs"))
@@ -259,7 +269,9 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
                 assert bool(printed["tls"]["cert"]) == bool(tls)
             else:
                 assert printed["command"] in ("actor", "impala-actor")
-                assert printed["actor_id"] == "pong-actors-7d9c-x2"
+                assert re.fullmatch(r"[a-z0-9-]+-actor-\d+-7", printed["actor_id"]), printed["actor_id"]
+                env = container["env"][0]
+                assert env["name"] == "JOB_COMPLETION_INDEX" and "job-completion-index" in env["valueFrom"]["fieldRef"]["fieldPath"]
                 host, port = printed["server"].rsplit(":", 1)
                 assert re.fullmatch(r"[a-z0-9-]+-learner-\d+\.[a-z0-9-]+-learner", host) and port == "50051", host
                 config = json.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.json"])
@@ -270,8 +282,8 @@ def test_rendered_command_lines_parse_with_seedq_print_config(renders, tmp_path)
                 assert bool(printed["channel"]["tls"]["ca"]) == bool(config["tls"]["cert"])
                 assert bool(printed["channel"]["tls"]["cert"]) == bool(config["tls"]["client_ca"])
                 assert (printed["command"] == "impala-actor") == (config["architecture"] == "impala")
-                # Two replicas of the Deployment: one command line, different env seeds.
-                code, out, err = run_cli(_localise(command[1:], mapping, "pong-actors-7d9c-q5") + ["--print-config"])
+                # Two indexes of the Job: one command line, different env seeds.
+                code, out, err = run_cli(_localise(command[1:], mapping, "8") + ["--print-config"])
                 assert code == 0, err
                 assert json.loads(out)["env_seed"] != printed["env_seed"]
 
@@ -322,10 +334,30 @@ def token(tmp_path):
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def given_wheel(tmp_path_factory, monkeypatch):
+    """A local file named like seedq's wheel: what `--install` passes to the
+    plans below (only test_the_default_install_is_a_wheel_of_this_checkout builds a real one)."""
+    path = tmp_path_factory.mktemp("wheels") / "seedq-0.1.0-py3-none-any.whl"
+    path.write_bytes(b"stands in for a wheel")
+    monkeypatch.setattr(sys.modules[__name__], "GIVEN_WHEEL", str(path))
+    return str(path)
+
+
+GIVEN_WHEEL = ""
+
+
 def dry_run(kind, *flags) -> str:
-    code, out, err = run_cli(["launch", kind, "--dry-run", *flags])
+    install = [] if "--install" in flags else ["--install", GIVEN_WHEEL]
+    code, out, err = run_cli(["launch", kind, "--dry-run", *install, *flags])
     assert code == 0, err
     return out
+
+
+def learner_line(command: list[str]) -> str:
+    """The shell line the learner VM runs in the background (the learner, then the group's resize)."""
+    remote = next(w for w in command if w.startswith("--command=")).removeprefix("--command=")
+    return shlex.split(remote.split("nohup ", 1)[1].split(" > ", 1)[0])[2]
 
 
 def _commands(script: str) -> list[list[str]]:
@@ -367,8 +399,7 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     assert scp[5:8] == [token, "seedq:seedq/token", "--worker=all"]
     start = [c for c in commands if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]][-1]
     assert "--worker=all" in start
-    remote = next(w for w in start if w.startswith("--command=")).removeprefix("--command=")
-    learner = shlex.split(remote.split("nohup ", 1)[1].split(" > ", 1)[0])
+    learner = shlex.split(learner_line(start).split("; code=$?", 1)[0])
     assert learner[:2] == ["seedq/venv/bin/seedq", "learner"]
     assert learner[learner.index("--auth.token-file") + 1] == "seedq/token"
     assert learner[-2:] == ["--resume", "auto"]
@@ -388,9 +419,10 @@ def test_tpu_vm_dry_run_uses_documented_forms_and_carries_the_token(token, tmp_p
     # The token goes to Secret Manager for the actor VMs, the learner's address to their metadata.
     assert ["gcloud", "secrets", "create", "seedq-token", f"--data-file={token}", "--project", "proj"] in commands
     template = next(c for c in commands if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
-    assert "--metadata=seedq-learner=${LEARNER_IP}:50051" in template
+    assert "--metadata=seedq-learner=${LEARNER_IP}:50051,seedq-wheel=gs://proj-seedq-seedq/seedq-0.1.0-py3-none-any.whl" \
+        in template
     assert "--metadata-from-file=startup-script=seedq-actor-startup.sh" in template
-    assert '"--metadata=seedq-learner=${LEARNER_IP}:50051"' in script  # the shell expands it
+    assert '"--metadata=seedq-learner=${LEARNER_IP}:50051,seedq-wheel=' in script  # the shell expands it
     describe = next(c for c in commands if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "describe"])
     assert "LEARNER_IP=$(" + shlex.join(describe) + ")" in script
     group = next(c for c in commands if c[:5] == ["gcloud", "compute", "instance-groups", "managed", "create"])
@@ -429,8 +461,9 @@ def test_the_learner_vm_restricts_its_copied_credentials_even_when_the_install_f
 def test_actor_vms_hold_the_least_they_need(token):
     """Their own service account (one role: reading the run's secrets), not the
     project's default account; actors as an unprivileged user; one pinned
-    install, not `pip install seedq` of whatever the index has at every boot."""
-    import seedq
+    install (the launch's wheel, checked against its hash), not `pip install seedq`
+    of whatever the index has at every boot."""
+    from seedq.launch import gcloud
 
     script = dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token)
     commands = _commands(script)
@@ -442,12 +475,21 @@ def test_actor_vms_hold_the_least_they_need(token):
     startup = _heredoc(script)
     subprocess.run(["bash", "-n"], input=startup, text=True, check=True)
     assert "User=seedq" in startup.splitlines()
-    assert f"INSTALLED=seedq=={seedq.__version__}" in startup.splitlines()
+    digest = gcloud.sha256_of(GIVEN_WHEEL)
+    assert f"INSTALLED={digest}" in startup.splitlines()
+    assert f"  echo '{digest}  /opt/seedq-wheel/seedq-0.1.0-py3-none-any.whl' | sha256sum -c -" in startup.splitlines()
+    # The wheel comes from the run's bucket, which only the actors' account may read.
+    assert ["gcloud", "storage", "cp", GIVEN_WHEEL, "gs://proj-seedq-seedq/"] in commands
+    assert ["gcloud", "storage", "buckets", "add-iam-policy-binding", "gs://proj-seedq-seedq",
+            f"--member=serviceAccount:{account}", "--role=roles/storage.objectViewer", "--project", "proj"] in commands
+    assert "--metadata=seedq-learner=${LEARNER_IP}:50051,seedq-wheel=gs://proj-seedq-seedq/seedq-0.1.0-py3-none-any.whl" \
+        in template
     assert 'if [ "$(cat /opt/seedq/installed 2>/dev/null)" != "$INSTALLED" ]; then' in startup
     down = _commands(dry_run("gpu-vm", "--zone", "z", "--project", "proj", "--auth.token-file", token, "--down"))
     assert ["gcloud", "iam", "service-accounts", "delete", account, "--quiet", "--project", "proj"] in down
-    # Without secrets to read, the VMs get no account at all.
-    insecure = _commands(dry_run("gpu-vm", "--zone", "z", "--insecure"))
+    assert ["gcloud", "storage", "rm", "--recursive", "gs://proj-seedq-seedq", "--quiet"] in down
+    # Without secrets or a wheel to read, the VMs get no account at all.
+    insecure = _commands(dry_run("gpu-vm", "--zone", "z", "--insecure", "--install", "seedq==0.1.0"))
     template = next(c for c in insecure if c[:4] == ["gcloud", "compute", "instance-templates", "create"])
     assert "--no-service-account" in template and "--no-scopes" in template
 
@@ -525,14 +567,156 @@ sys.exit(3 if args[:3] == ["compute", "instance-groups", "managed"] else 0)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(["launch", "tpu-vm", "--zone", "z", "--auth.token-file", token])
+    code, out, err = run_cli(["launch", "tpu-vm", "--zone", "z", "--auth.token-file", token, "--yes",
+                              "--install", GIVEN_WHEEL])
     assert code == 3
     assert err.splitlines()[-1].startswith("seedq launch tpu-vm: failed (exit 3): gcloud compute instance-groups")
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls[-1][:4] == ["compute", "instance-groups", "managed", "create"]
     template = next(c for c in calls if c[:2] == ["compute", "instance-templates"])
-    assert "--metadata=seedq-learner=10.130.0.9:50051" in template  # the captured address
+    assert any(w.startswith("--metadata=seedq-learner=10.130.0.9:50051,") for w in template)  # the captured address
     assert (tmp_path / "seedq-actor-startup.sh").read_text().startswith("#!/bin/bash")
+
+
+def fake_gcloud(tmp_path, monkeypatch, exit_code: int = 0) -> pathlib.Path:
+    """A `gcloud` on PATH that records its argv (one JSON line a call) and exits `exit_code`."""
+    log = tmp_path / "gcloud-calls.jsonl"
+    fake = tmp_path / "fakebin" / "gcloud"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+with open({str(log)!r}, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+sys.exit({exit_code})
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("extra", [[], ["--down"]], ids=["create", "down"])
+def test_without_yes_and_without_a_terminal_the_launch_refuses_in_one_line_and_runs_no_gcloud(
+        token, tmp_path, monkeypatch, extra):
+    calls = fake_gcloud(tmp_path, monkeypatch)
+    result = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "launch", "gpu-vm", "--zone", "z", "--auth.token-file", token, *extra],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "--yes" in result.stderr and "Traceback" not in result.stderr
+    assert not calls.exists()  # no gcloud command ran
+    assert not (tmp_path / "dist").exists()  # nor was a wheel built
+
+
+class Terminal(io.StringIO):
+    """Standard input as a terminal that types `answer`."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.e2e
+def test_the_plan_with_its_estimate_is_printed_and_nothing_runs_without_a_yes(token, tmp_path, monkeypatch):
+    calls = fake_gcloud(tmp_path, monkeypatch, exit_code=3)  # a yes runs the first command only
+    monkeypatch.chdir(tmp_path)
+    flags = ["launch", "tpu-vm", "--zone", "us-central2-b", "--project", "proj", "--tpu-type", "v5litepod-8",
+             "--auth.token-file", token, "--num-actors", "64", "--install", GIVEN_WHEEL]
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    code, out, err = run_cli(flags)
+    assert code == 1 and "nothing done" in err and not calls.exists()
+    from seedq.launch import prices
+
+    plan = out.splitlines()
+    assert plan[0].startswith("will create (installing seedq-0.1.0-py3-none-any.whl")
+    tpu = prices.tpu_hourly("v5litepod-8", 8)
+    group = 3 * prices.machine_hourly("n2-standard-32")  # ceil(64 / 30) VMs
+    assert any(line.strip().startswith("TPU v5litepod-8 (8 chips") and f"~${tpu:,.2f}/h" in line for line in plan)
+    assert any("3 x n2-standard-32" in line and f"~${group:,.2f}/h" in line for line in plan)
+    estimate = next(line for line in plan if line.strip().startswith("estimate:"))
+    assert f"~${tpu + group:,.2f}/h" in estimate and "not a quote" in estimate
+    assert "bucket gs://proj-seedq-seedq" in out and "secret seedq-token" in out
+    # A yes runs the commands.
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    assert run_cli(flags)[0] == 3
+    assert json.loads(calls.read_text().splitlines()[0])[:4] == ["compute", "tpus", "queued-resources", "create"]
+    # --down lists what it deletes before asking.
+    calls.unlink()
+    monkeypatch.setattr(sys, "stdin", Terminal("no\n"))
+    code, out, err = run_cli(["launch", "tpu-vm", "--zone", "z", "--project", "proj", "--down",
+                              "--auth.token-file", token])
+    assert code == 1 and not calls.exists()
+    assert out.splitlines()[0] == "will delete:"
+    for thing in ("instance-groups managed seedq-actors", "secrets seedq-token", "bucket gs://proj-seedq-seedq",
+                  "tpus queued-resources seedq-qr"):
+        assert any(line.strip().startswith(thing) for line in out.splitlines()), (thing, out)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("learner_exit, resized", [(0, True), (1, True), (143, False)])
+def test_the_learner_vm_resizes_the_actor_group_to_zero_when_the_run_ends(
+        token, tmp_path, monkeypatch, learner_exit, resized):
+    """The learner VM's background line, run here with a stub learner and a
+    recording `gcloud`: the group goes to zero unless SIGTERM stopped the
+    learner to be restarted (exit 143)."""
+    script = dry_run("gpu-vm", "--zone", "europe-west4-a", "--project", "proj", "--auth.token-file", token)
+    start = [c for c in _commands(script) if c[:3] == ["gcloud", "compute", "ssh"]][-1]
+    line = learner_line(start)
+    learner = tmp_path / "seedq" / "venv" / "bin" / "seedq"
+    learner.parent.mkdir(parents=True)
+    learner.write_text(f"#!/bin/sh\nexit {learner_exit}\n")
+    learner.chmod(0o755)
+    calls = fake_gcloud(tmp_path, monkeypatch)
+    result = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == learner_exit
+    recorded = [json.loads(c) for c in calls.read_text().splitlines()] if calls.exists() else []
+    expected = ["compute", "instance-groups", "managed", "resize", "seedq-actors", "--size=0",
+                "--zone", "europe-west4-a", "--project", "proj"]
+    assert recorded == ([expected] if resized else [])
+
+
+@pytest.mark.e2e
+def test_the_default_install_is_a_wheel_of_this_checkout_that_installs_in_a_fresh_venv(token, tmp_path, monkeypatch):
+    """Acceptance: the dry-run plans name a wheel of this checkout (its commit in
+    the run config); the learner's own install line, run in a fresh venv here
+    (with --no-deps: the dependencies come from this environment), installs it,
+    and its `seedq --version` is the checkout's."""
+    import seedq
+    import sysconfig
+
+    monkeypatch.chdir(tmp_path)
+    wheel = "seedq-0.1.0-py3-none-any.whl"
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    scripts = {kind: dry_run(kind, "--zone", "us-central2-b", "--auth.token-file", token, "--install", "")
+               for kind in ("tpu-vm", "gpu-vm")}
+    for kind, script in scripts.items():
+        assert script.startswith("#!/bin/bash\n")  # the plan stays a script: its summary follows the shebang
+        header = script.splitlines()[1]
+        assert header == f"# will create (installing seedq {seedq.__version__}, wheel of commit " \
+            f"{commit}{'+dirty' if '+dirty' in header else ''}):", header
+        commands = _commands(script)
+        assert any("scp" in c and f"dist/{wheel}" in c for c in commands), kind  # the wheel goes to the learner
+        start = [c for c in commands if "ssh" in c and any("nohup" in w for w in c)][-1]
+        learner = shlex.split(learner_line(start).split("; code=$?", 1)[0])
+        assert learner[learner.index("--code-source") + 1].startswith(f"seedq {seedq.__version__}, wheel of commit {commit}")
+    remote = next(w for w in start if w.startswith("--command=")).removeprefix("--command=")
+    install = next(part.strip() for part in re.split(r";|&&", remote) if "pip install seedq/" in part)
+    assert install == f"seedq/venv/bin/pip install seedq/{wheel}"
+    # As on the VM: the copied wheel and a fresh venv, then the plan's install line.
+    vm = tmp_path / "vm"
+    (vm / "seedq").mkdir(parents=True)
+    (vm / "seedq" / wheel).write_bytes((tmp_path / "dist" / wheel).read_bytes())
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # (this checkout must not count as installed)
+    subprocess.run([sys.executable, "-m", "venv", "seedq/venv"], cwd=vm, check=True, timeout=300, env=bare)
+    subprocess.run(shlex.split(install) + ["--no-deps", "--no-index", "-q"], cwd=vm, check=True, timeout=300, env=bare)
+    deps = {**bare, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    version = subprocess.run([str(vm / "seedq" / "venv" / "bin" / "seedq"), "--version"], cwd=vm, env=deps,
+                             capture_output=True, text=True, timeout=120)
+    assert version.stdout == f"seedq {seedq.__version__}\n", version.stderr
+    where = subprocess.run([str(vm / "seedq" / "venv" / "bin" / "python"), "-c", "import seedq; print(seedq.__file__)"],
+                           env=deps, capture_output=True, text=True, timeout=60).stdout
+    assert where.startswith(str(vm / "seedq" / "venv")), where  # the wheel's seedq, not this checkout's
 
 
 # --- launch/README.md and the image ---
@@ -603,7 +787,8 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
                "cartpole-actors": {"tls.crt": "client.pem", "tls.key": "client-key.pem", "ca.crt": "ca.pem"}}
     port = _free_port()
     commands = {}
-    for doc in (d for d in docs if d["kind"] in ("Job", "Deployment")):
+    for doc in (d for d in docs if d["kind"] == "Job"):
+        role = doc["metadata"]["labels"]["app.kubernetes.io/component"]
         root = tmp_path / doc["metadata"]["name"]
         mapping = _stub_pod_files(doc, root, docs)
         for key, source in secrets[doc["metadata"]["name"]].items():
@@ -611,7 +796,7 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
         (pathlib.Path(mapping[k8s.TOKEN_DIR]) / "token").write_bytes((certs / "token").read_bytes())
         (container,) = _pod(doc)["containers"]
         argv = _localise(container["command"][1:], mapping)
-        if doc["kind"] == "Job":
+        if role == "learner":
             config_path = pathlib.Path(mapping[k8s.CONFIG_DIR]) / "config.json"
             config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
                                                        {**mapping, k8s.RUNS_DIR: str(root / "runs")})))
@@ -620,19 +805,23 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
                      "--max-frames", "4000", "--max-seconds", "120", "--quiet"]
         else:
             argv[argv.index("--server") + 1] = f"127.0.0.1:{port}"  # the pod DNS name, resolved
-        commands[doc["kind"]] = argv
-    learner = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["Job"]],
+        commands[role] = argv
+    learner = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["learner"]],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    actor = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["Deployment"]],
+    actor = subprocess.Popen([sys.executable, "-m", "seedq.cli", *commands["actor"]],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = learner.communicate(timeout=240)
+        # The learner told the actor that the run ended: it exits 0, which completes
+        # its index of the actor Job (the actors end with the run).
+        actor_code = actor.wait(10)
     finally:
         for p in (learner, actor):
             if p.poll() is None:
                 p.terminate()
         actor_out = actor.communicate(timeout=30)[0]
     assert learner.returncode == 0, out + "\n--- actor ---\n" + actor_out
+    assert actor_code == 0 and "ended (max_frames)" in actor_out, actor_out
     run = tmp_path / "cartpole-learner" / "runs" / "cartpole"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["frames"] >= 4000 and summary["stop_reason"] == "max_frames", summary

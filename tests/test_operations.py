@@ -89,6 +89,14 @@ def assert_monotone_counters(run: pathlib.Path) -> dict:
 # --- acceptance 1: SIGKILL the learner mid-run; resume; actors reconnect by themselves ---
 
 
+def wait_exit(proc, timeout: float) -> int | None:
+    """The process's exit status, or None if it still runs after `timeout` seconds."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 @pytest.fixture(scope="module")
 def sigkilled_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("sigkill")
@@ -123,7 +131,8 @@ def sigkilled_run(tmp_path_factory):
         alive_after_kill = [a.poll() is None for a in actors]
         second = seedq("learner", "--resume", run, "--log-every-seconds", "1", timeout=420)
         (work / "learner-2.log").write_text(second.stdout + second.stderr)
-        alive_at_end = [a.poll() is None for a in actors]
+        # The learner told them the run ended (docs/wire.md "The end of a run").
+        exits_at_end = [wait_exit(a, 10) for a in actors]
     finally:
         for p in (first, *actors):
             if p.poll() is None:
@@ -135,7 +144,7 @@ def sigkilled_run(tmp_path_factory):
     stats = [json.loads((work / f"actor-{i}.json").read_text()) for i in range(2)]
     return SimpleNamespace(
         run=run, second=second, killed=killed_meta["counters"], killed_dir=killed_dir,
-        alive_after_kill=alive_after_kill, alive_at_end=alive_at_end, stats=stats,
+        alive_after_kill=alive_after_kill, exits_at_end=exits_at_end, stats=stats,
         first_log=(work / "learner-1.log").read_text(),
     )
 
@@ -156,9 +165,10 @@ def test_sigkilled_learner_resumes_and_reaches_the_target(sigkilled_run):
         assert summary[key] > r.killed[key] > 0, key
     assert summary["wall_seconds"] > r.killed["elapsed_seconds"]
     assert summary["frames_to_target"] > r.killed["frames"]
-    # The same actor processes served both learners: never restarted, reconnected by themselves.
-    assert r.alive_after_kill == [True, True] and r.alive_at_end == [True, True]
-    assert all(s["connections"] >= 2 for s in r.stats), r.stats
+    # The same actor processes served both learners: never restarted, reconnected by
+    # themselves, and exited 0 when the resumed learner told them the run had ended.
+    assert r.alive_after_kill == [True, True] and r.exits_at_end == [0, 0]
+    assert all(s["connections"] >= 2 and s["run_ended"] == "target_return" for s in r.stats), r.stats
     scalars = assert_monotone_counters(r.run)
     frames = [s for s, _ in scalars["episode/return_mean"]]
     assert min(frames) < r.killed["frames"] < max(frames)  # the curve continues across the restart
@@ -408,7 +418,7 @@ def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck(
                           latency_p99_seconds=0.02, actors=tuple(object() for _ in range(16)))
     metrics = {"loss/total": 0.012345, "policy/entropy": 1.234}
     tick = dataclasses.replace(Tick(stats, metrics, 7200.0, 1389.0, 13.9), bottleneck="inference")
-    line = progress_line(TrainConfig(precision="int8"), tick)
+    line = progress_line(TrainConfig(precision="int8", max_seconds=0), tick)
     assert line.startswith("[120m] 10.0M fr 1.4k/s | return -20.5 | 100k steps 14/s | 16 actors | loss 0.0123 ")
     assert "| entropy 1.234 | bottleneck inference" in line and len(line) <= PROGRESS_COLUMNS == 120, line
     # Counters past any real run's reach, a Box policy, int8 on split devices: still 120 at most.

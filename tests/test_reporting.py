@@ -13,6 +13,7 @@ import pytest
 pytestmark = pytest.mark.unit
 from fake_learner import ScriptedLearner, learner_stats
 
+from seedq import exit_codes
 from seedq.config import TrainConfig
 from seedq.learner.run_control import RunClock, RunController, TargetRecord, resumed_target
 from seedq.learner.sinks import RunInfo, stats_json, summary_json
@@ -49,9 +50,16 @@ def test_no_target_never_stops_on_returns():
 
 def test_max_seconds_counts_the_earlier_segments():
     c = controller(now=100.0, prior_seconds=50.0, max_seconds=60)
-    assert c.stop_reason(learner_stats(time=109.9)) is None
-    assert c.stop_reason(learner_stats(time=110.0)) == "max_seconds"
+    assert c.stop_reason(learner_stats(time=109.9, frames=1)) is None
+    assert c.stop_reason(learner_stats(time=110.0, frames=1)) == "max_seconds"
     assert controller(max_seconds=0).stop_reason(learner_stats(time=1e9)) is None  # 0: no limit
+
+
+def test_a_time_budget_spent_without_an_actor_frame_is_no_actors():
+    c = controller(now=0.0, max_seconds=20)
+    assert c.stop_reason(learner_stats(time=19.0, frames=0)) is None
+    assert c.stop_reason(learner_stats(time=20.0, frames=0)) == "no_actors"
+    assert exit_codes.for_stop_reason("no_actors") == exit_codes.RUNTIME_FAILURE
 
 
 def test_max_frames():
@@ -258,3 +266,31 @@ def test_int8_learner_stats_carry_its_plan(tmp_path):
     int8 = Learner(TrainConfig(logdir=str(tmp_path), eval_episodes=0, precision="int8"), "unix:unused")
     plan = int8.stats().int8_plan
     assert plan == int8.int8_plan.to_dict() and set(plan["mac_share"]) >= {"8", "256"}
+
+
+def test_progress_lines_give_the_time_left_of_a_time_or_frame_budget():
+    from seedq.learner.sinks import Tick, progress_line, time_left
+
+    def tick(frames, seconds, fps):
+        return Tick(learner_stats(frames=frames), {}, seconds, fps, 1.0)
+
+    at_60s = tick(30_000, 60.0, 500.0)
+    assert time_left(TrainConfig(max_seconds=300, max_frames=0), at_60s) == 240.0
+    assert time_left(TrainConfig(max_seconds=0, max_frames=60_000), at_60s) == 60.0  # 30k frames at 500/s
+    assert time_left(TrainConfig(max_seconds=300, max_frames=60_000), at_60s) == 60.0  # whichever comes first
+    assert time_left(TrainConfig(max_seconds=0, max_frames=0), at_60s) is None
+    assert time_left(TrainConfig(max_seconds=0, max_frames=60_000), tick(0, 5.0, 0.0)) is None  # no rate yet
+    assert progress_line(TrainConfig(max_seconds=300), at_60s).startswith("[60s, 240s left] ")
+    assert progress_line(TrainConfig(max_seconds=0), at_60s).startswith("[60s] ")
+
+
+def test_quiet_still_prints_the_one_line_result_and_the_run_directory(tmp_path, capsys):
+    from seedq.learner.sinks import ConsoleSink
+
+    config = TrainConfig(logdir=str(tmp_path / "run"), target_return=475)
+    summary = {"stop_reason": "max_frames", "frames": 20000, "wall_seconds": 12.5, "frames_to_target": None,
+               "seconds_to_target": None, "eval": {"episodes": 10, "policy": "greedy", "seed": 1, "mean": 9.0,
+                                                   "std": 1.0, "min": 8, "max": 10}}
+    ConsoleSink(config, quiet=True).finish(summary)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("done (max_frames): 20,000 frames") and str(tmp_path / "run") in out[0]

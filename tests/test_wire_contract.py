@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import subprocess
+import sys
 import uuid
 
 import grpc
@@ -217,6 +219,24 @@ def test_mismatch_refusal_names_both_sides(learner):
     assert details.startswith("handshake.observation.shape:"), details
     assert "actor sends [5]" in details and "learner expects [4]" in details
     assert "Discrete(2)" in details  # the learner's whole expected spec
+
+
+def test_an_actor_for_another_env_is_refused_in_one_line_naming_both_env_ids(learner):
+    """`seedq actor --env Acrobot-v1` at a CartPole learner: the env ids, not only two shapes."""
+    actor = subprocess.run(
+        [sys.executable, "-m", "seedq.cli", "actor", "--server", learner.address, "--env", "Acrobot-v1",
+         "--num-envs", "2", "--actor-id", "acrobot", "--retry-max-seconds", "30"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert actor.returncode == 2, actor.stderr
+    lines = actor.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in actor.stderr, actor.stderr
+    assert "Acrobot-v1" in lines[0] and "CartPole-v1" in lines[0], lines[0]
+    client = ContractClient(learner.address)  # the learner serves on
+    try:
+        assert client.handshake(num_envs=1).WhichOneof("kind") == "ack"
+    finally:
+        client.close()
 
 
 def test_step_before_handshake_is_failed_precondition(learner):

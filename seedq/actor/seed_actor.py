@@ -98,6 +98,8 @@ class ActorStats:
     pull_bytes: int = 0  # serialized parameter bytes received by the pulls
     params_pulled: int = 0  # pulls that brought parameters (not "nothing newer")
     unroll_batches: int = 0
+    # The learner's stop reason when it told this actor that the run ended (None: it did not).
+    run_ended: str | None = None
     # Serialized message bytes actually sent / received (seedq.wire.metered).
     bytes: ByteCounter = dataclasses.field(default_factory=ByteCounter)
     # Counters at the WARM_STEPS-th vector step: `summary()["steady"]` is the
@@ -156,6 +158,7 @@ class ActorStats:
             "pull_bytes": self.pull_bytes,
             "params_pulled": self.params_pulled,
             "unroll_batches": self.unroll_batches,
+            "run_ended": self.run_ended,
             "bytes_sent": self.bytes.sent,
             "bytes_received": self.bytes.received,
             # CPU time of the whole actor process (all its threads), user + system.
@@ -180,12 +183,14 @@ async def _serve_one_connection(
     try:
         await call.write(
             codec.encode_handshake(
-                spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id
+                spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id,
+                reads_run_ended=True,
             )
         )
         reply = await call.read()
         if reply is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
+        codec.raise_if_run_ended(reply)
         ack, expected = codec.decode_handshake_ack(reply)
         mismatch = expected.describe_mismatch(spec) if expected is not None else None
         if mismatch:  # the learner refuses a mismatch itself; this guards a buggy one
@@ -207,6 +212,7 @@ async def _serve_one_connection(
             received = time.perf_counter()
             if reply is grpc.aio.EOF:
                 raise ConnectionError("learner closed the stream")
+            codec.raise_if_run_ended(reply)
             actions = codec.decode_actions(reply, spec, num_envs)
             decoded = time.perf_counter()
             stats.record_rtt(received - sent, received)
@@ -236,7 +242,8 @@ async def run_actor(
     connection=None,
     channel_config: ActorChannelConfig = ActorChannelConfig(),
 ) -> ActorStats:
-    """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
+    """Runs until cancelled, `max_seconds` elapse, the learner says the run
+    ended (returns, `stats.run_ended` set), or the learner refuses us.
 
     `retry_max_seconds` > 0 gives up after that long without a connection;
     with `parent_pid` (the local learner that started us), only once that
@@ -271,6 +278,10 @@ async def run_actor(
                         env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
                         skip_seconds=stats_skip_seconds,
                     )
+                except codec.RunEnded as e:
+                    stats.run_ended = e.stop_reason
+                    print(f"actor {actor_id}: {e}; stopping", file=sys.stderr, flush=True)
+                    return stats
                 except grpc.aio.AioRpcError as e:
                     if slots_full(e) or learner_failed(e):
                         # Slots free as other actors leave; a failed learner is

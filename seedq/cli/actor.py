@@ -27,7 +27,7 @@ def add_actor_flags(actor: argparse.ArgumentParser) -> None:
     actor.add_argument(
         "--seed-from-actor-id", action="store_true",
         help="combine --seed with a hash of --actor-id, so replicas started with one command line "
-        "(a Deployment's pods, a VM template's units) step different episodes",
+        "(an actor Job's pods, a VM template's units) step different episodes",
     )
     actor.add_argument("--max-seconds", type=float, default=0.0, help="stop after this long (0: never)")
     actor.add_argument(

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from seedq.config import TrainConfig
+from seedq.flags import show_env_defaults
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,6 +40,8 @@ class SectionHelp(argparse.Action):
         wanted = "all" if self.everything else (values or "common")
         if wanted != "all" and wanted not in sections:
             parser.error(f"--help {wanted}: no such section; choose one of {', '.join(sections)} or all")
+        # The given --env's (given before --help) env-dependent defaults, else the default env's.
+        show_env_defaults(parser, getattr(namespace, "env", None) or TrainConfig.env)
         parser._print_message(section_help(parser, sections, wanted), sys.stdout)  # help goes to stdout
         parser.exit(0)
 

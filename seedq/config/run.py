@@ -109,6 +109,9 @@ class TrainConfig:
     # batches and the policy acting are the same whatever the machine's speed
     # (slower; docs/training.md). The command line's default num_actors is 1 with it.
     deterministic: bool = False
+    # Informational: the code the run's machines installed, as `seedq launch`
+    # records it ("seedq 0.1.0, wheel of commit <sha>"); "" when not launched so.
+    code_source: str = ""
     server: ServerConfig = ServerConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()

@@ -363,16 +363,26 @@ def _make_dmc(env_id: str, dmc: DmcConfig, render_mode: str | None) -> gym.Env:
     if (domain, task) not in suite.ALL_TASKS:
         known = ", ".join(f"{d}-{t}" for d, t in suite.ALL_TASKS if d == domain) or "none for this domain"
         raise ValueError(f"unknown DeepMind Control task {env_id!r} (tasks: {known})")
-    env = DmControlCompatibilityV0(suite.load(domain, task), render_mode=render_mode)
+    control = suite.load(domain, task)
+    env = DmControlCompatibilityV0(control, render_mode=render_mode)
     if dmc.action_repeat > 1:
         env = ActionRepeat(env, dmc.action_repeat)
     env = gym.wrappers.FlattenObservation(env)
     flat = env.observation_space
-    return gym.wrappers.TransformObservation(
+    env = gym.wrappers.TransformObservation(
         env,
         lambda obs: obs.astype(np.float32),
         gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32),
     )
+    # One rendered frame per agent step: shimmy's render_fps is the control
+    # timestep in milliseconds (10 for 0.01 s), not a rate.
+    env.metadata = {**env.metadata, "render_fps": dmc_render_fps(control.control_timestep(), dmc.action_repeat)}
+    return env
+
+
+def dmc_render_fps(control_timestep: float, action_repeat: int) -> float:
+    """Frames per second of a video with one frame per agent step."""
+    return 1.0 / (control_timestep * action_repeat)
 
 
 class ActionRepeat(gym.Wrapper):

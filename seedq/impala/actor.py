@@ -199,11 +199,13 @@ async def serve_connection(
     run_id = uuid.uuid4().hex
     call = stub.PushUnrolls()
     try:
-        hello = codec.encode_handshake(spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id)
+        hello = codec.encode_handshake(spec, actor_id=actor_id, run_id=run_id, num_envs=num_envs, env_id=env_id,
+                                       reads_run_ended=True)
         await call.write(seed_pb2.UnrollMessage(handshake=hello.handshake))
         ack = await call.read()
         if ack is grpc.aio.EOF:
             raise ConnectionError("learner closed the stream during the handshake")
+        raise_if_run_ended(ack)
         config = learner_config(ack.config_json, env_id)
 
         from seedq.rollout.core import training_reward_clip
@@ -228,8 +230,11 @@ async def serve_connection(
             if unrolls is not None:
                 # One batch in flight: the previous one's ack is read only now,
                 # so the learner's queueing overlaps with our next unroll.
-                if awaiting_ack and await call.read() is grpc.aio.EOF:
-                    raise ConnectionError("learner closed the stream")
+                if awaiting_ack:
+                    ack = await call.read()
+                    if ack is grpc.aio.EOF:
+                        raise ConnectionError("learner closed the stream")
+                    raise_if_run_ended(ack)
                 await call.write(impala_codec.encode_unrolls(unrolls, *builder.take_progress()))
                 awaiting_ack = True
                 stats.unroll_batches += 1
@@ -254,6 +259,12 @@ async def serve_connection(
         raise
     finally:
         call.cancel()
+
+
+def raise_if_run_ended(ack: seed_pb2.UnrollAck) -> None:
+    """codec.RunEnded when the learner's ack says the run is over (docs/wire.md "The end of a run")."""
+    if ack.run_ended:
+        raise codec.RunEnded(ack.run_ended, ack.learner_run)
 
 
 def main(args) -> int:

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from seedq.schema import BEHAVIOUR_VERSION, sequence_fields
-from seedq.server.inference import LearnerFailed, RunSuperseded, ServerClosing
+from seedq.server.inference import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 from seedq.server.service import LearnerService, StreamGuard, Undecodable
 from seedq.server.pacing import push_ack_backlog
 from seedq.server.unrolls import QueueClosed, poll_until, put_when_room
@@ -111,7 +111,8 @@ class ImpalaLearnerService(LearnerService):
         await self.watched(context, self._push_unrolls)
 
     async def _push_unrolls(self, context, task) -> None:
-        guard = StreamGuard(context)
+        guard = StreamGuard(context, self.learner_run, ended_message=lambda reason: seed_pb2.UnrollAck(
+            policy_version=self.current_version(), learner_run=self.learner_run, run_ended=reason))
         async with guard:
             message = await self.read(context, task)
             if message is grpc.aio.EOF:
@@ -122,6 +123,9 @@ class ImpalaLearnerService(LearnerService):
             if kind != "handshake":
                 raise codec.ProtocolError("handshake", "the first message of a stream must be a handshake")
             handshake = self.check_handshake(seed_pb2.ActorMessage(handshake=message.handshake))
+            guard.reads_run_ended = handshake.reads_run_ended
+            if self.run_ended:  # an actor (re)connecting while the run's end is being told
+                raise RunEnded(self.run_ended)
             # Registered like a SEED actor: counts as connected (--min-actors).
             entry, _ = self.connect_actor(handshake)
         guard.who = f"impala actor {entry.actor_id} run {entry.run_id}"
@@ -152,7 +156,7 @@ class ImpalaLearnerService(LearnerService):
                         if not await put_when_room(queue, unrolls, give_up=lambda: entry.closed):
                             raise RunSuperseded()
                     except QueueClosed:
-                        raise ServerClosing() from None
+                        raise (RunEnded(self.run_ended) if self.run_ended else ServerClosing()) from None
                     table.book_episodes(frames, returns, lengths)
                     if self.pace:
                         await self._hold_until_drained(queue, len(unrolls[BEHAVIOUR_VERSION]), entry)

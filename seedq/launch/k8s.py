@@ -10,8 +10,13 @@ What is rendered (core kinds only, so `kubernetes-validate` checks them offline)
   restarted (preempted) pod continues from the newest checkpoint by itself;
 - the learner as an Indexed Job with a headless Service: one pod per TPU host
   (`seedq.launch.tpu`), stable DNS names `<name>-learner-<i>.<name>-learner`;
-- the actors as Deployments (replicas = actor processes); with a multi-host
-  learner one Deployment per learner host, dialling that host's DNS name;
+- the actors as Indexed Jobs (one pod per actor process; with a multi-host
+  learner one Job per learner host, dialling that host's DNS name). An actor
+  exits 0 when the learner tells it the run ended (docs/wire.md), which
+  completes its index: the actors end with the run. (Deployments restart
+  their pods for ever, and a learner that scales them to zero would need
+  RBAC on the API server; a Job needs nothing.) An actor that finds no learner
+  for ACTOR_RETRY_SECONDS exits 1, counted against the Job's backoffLimit;
 - a PersistentVolumeClaim for the run directory.
 
 Credentials are Secrets referenced by name (created with `kubectl create secret`,
@@ -123,10 +128,11 @@ def actor_command(config: TrainConfig, opts: K8sOptions, host: int) -> list[str]
         "--server", f"{learner_host_name(opts, host)}:{opts.port}",
         "--env", config.env,
         "--num-envs", str(config.envs_per_actor),
-        "--actor-id", "$(POD_NAME)",
-        # Replicas of one Deployment share the command line: the pod name
-        # (the actor id) makes their env seeds differ.
+        # Stable across a pod's replacements (its completion index), so the
+        # learner replaces the old run's state; it makes the env seeds differ.
+        "--actor-id", f"{opts.name}-actor-{host}-$(JOB_COMPLETION_INDEX)",
         "--seed", str(config.seed * 1000 + host), "--seed-from-actor-id",
+        "--retry-max-seconds", str(ACTOR_RETRY_SECONDS),
     ]
     args += config_flags(config.env_options, config_lib.EnvOptions)
     if opts.tls_mode != "none":
@@ -309,7 +315,26 @@ def actor_replicas(num_actors: int, hosts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(hosts)]
 
 
-def actor_deployment(config: TrainConfig, opts: K8sOptions, host: int, replicas: int) -> dict:
+# An actor with no learner for this long exits 1 (a learner restart, even one
+# waiting for TPU capacity, is normally shorter; a run that ended while the
+# actor was away is over): once every actor has, the Job fails and stops.
+ACTOR_RETRY_SECONDS = 3600
+
+
+def actor_failure_policy() -> dict:
+    """How an actor Job treats a pod that ended (seedq.exit_codes): exit 0 (the
+    learner said the run ended) completes its index; preempted or evicted
+    (DisruptionTarget): replaced without counting; refused by the learner
+    (exit 2: credentials, another env): the Job fails at once; anything else
+    (1: no learner for ACTOR_RETRY_SECONDS) counts against backoffLimit."""
+    actor = {"containerName": "actor", "operator": "In"}
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {**actor, "values": [exit_codes.USAGE]}},
+    ]}
+
+
+def actor_job(config: TrainConfig, opts: K8sOptions, host: int, replicas: int) -> dict:
     hosts = learner_hosts(opts)
     name = f"{opts.name}-actors" if hosts == 1 else f"{opts.name}-actors-{host}"
     labels = {**_labels(opts, "actor"), "seedq.dev/learner-host": str(host)}
@@ -329,22 +354,27 @@ def actor_deployment(config: TrainConfig, opts: K8sOptions, host: int, replicas:
         "name": "actor",
         "image": opts.image,
         "command": actor_command(config, opts, host),
-        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "env": [{"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}],
         "resources": {"requests": {"cpu": opts.actor_cpu, "memory": opts.actor_memory}},
         "volumeMounts": mounts,
     }
     pod_spec = {
+        "restartPolicy": "Never",  # a failed pod is replaced (podFailurePolicy needs Never)
         "securityContext": _pod_security(),
         "affinity": {"podAntiAffinity": anti_affinity},
         "containers": [container],
         "volumes": volumes,
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "labels": labels},
         "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
+            "completionMode": "Indexed",  # index i: actor process i of this learner host
+            "completions": replicas,
+            "parallelism": replicas,
+            "backoffLimit": replicas,
+            "podFailurePolicy": actor_failure_policy(),
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
@@ -361,7 +391,7 @@ def render_objects(config: TrainConfig, opts: K8sOptions) -> list[dict]:
             "the learner Service", "give --tls-mode mutual (a client CA) and/or --token-secret NAME"))
     objects = [config_map(config, opts), run_volume_claim(opts), learner_service(opts), learner_job(config, opts)]
     for host, replicas in enumerate(actor_replicas(config.num_actors, hosts)):
-        objects.append(actor_deployment(config, opts, host, replicas))
+        objects.append(actor_job(config, opts, host, replicas))
     return objects
 
 

@@ -97,9 +97,17 @@ class VmOptions:
     zone: str = ""
     # Project ("" : gcloud's configured project).
     project: str = ""
-    # What to `pip install`: a package name (from the package index), a wheel
-    # URL, or a local wheel file (copied to the VMs).
-    install: str = "seedq"
+    # What the VMs `pip install`: "" builds a wheel of this seedq checkout
+    # (into --wheel-dir) and copies it to the VMs (the actors fetch it from a
+    # Cloud Storage bucket of the run); or a local wheel file (copied the
+    # same way), a package spec from the index (seedq==0.1.0), or a wheel URL.
+    install: str = ""
+    # Where the wheel of the checkout is built (relative: to the current directory).
+    wheel_dir: str = "dist"
+    # Service account of the learner VM ("" : the project's default compute
+    # account). When the run ends it resizes the actor group to zero, which
+    # needs compute.instanceGroupManagers.update (roles/compute.instanceAdmin.v1).
+    learner_service_account: str = ""
     # Port the learner serves actors on.
     port: int = 50051
     # Network of the VMs and the firewall rule.

@@ -111,13 +111,30 @@ def _cell(value):
 
 
 def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None, title: str = "") -> str:
-    """Draws the return of each run against frames and against elapsed seconds
+    """Draws the return of each run against frames and against elapsed time
     into `out` (png, pdf or svg by its extension); returns `out`. ValueError
     naming a run without curves.csv."""
+    curves_figure(run_dirs, labels=labels, title=title).savefig(out, dpi=100)
+    return out
+
+
+# Elapsed time is drawn in the largest of these units that the run spans twice.
+_TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
+
+
+def time_unit(longest_seconds: float) -> tuple[str, float]:
+    """(name, seconds) of the unit a time axis up to `longest_seconds` is labelled in."""
+    return next(((name, size) for name, size in _TIME_UNITS if longest_seconds >= 2 * size), _TIME_UNITS[-1])
+
+
+def curves_figure(run_dirs: list[str], *, labels: list[str] | None = None, title: str = ""):
+    """The figure `plot_runs` writes: ticks that stay readable on long runs
+    (frames as 50M, time in hours or minutes, at most 6 ticks; no 1e8 offset)."""
     # A Figure of its own, not pyplot: no backend is chosen or switched (a
     # notebook keeps its inline plots) and no global state is shared with the
     # caller's threads (seedq.train may run on any thread).
     from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     labels = labels or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
     curves = []
@@ -128,13 +145,16 @@ def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None,
         curves.append([r for r in read_rows(path) if r["return"] is not None])
     fig = Figure(figsize=(11, 4))
     by_frames, by_time = fig.subplots(1, 2)
+    unit, seconds = time_unit(max((r["wall_seconds"] or 0.0 for rows in curves for r in rows), default=0.0))
     for rows, label in zip(curves, labels):
         returns = [r["return"] for r in rows]
         by_frames.plot([r["frames"] for r in rows], returns, label=label)
-        by_time.plot([r["wall_seconds"] for r in rows], returns, label=label)
+        by_time.plot([r["wall_seconds"] / seconds for r in rows], returns, label=label)
     by_frames.set_xlabel("env frames")
-    by_time.set_xlabel("elapsed seconds")
+    by_frames.xaxis.set_major_formatter(EngFormatter(sep=""))
+    by_time.set_xlabel(f"elapsed {unit}")
     for ax in (by_frames, by_time):
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.set_ylabel("mean episode return")
         ax.grid(alpha=0.3)
     if len(run_dirs) > 1:
@@ -142,5 +162,4 @@ def plot_runs(run_dirs: list[str], out: str, *, labels: list[str] | None = None,
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    return out
+    return fig

@@ -242,10 +242,15 @@ class Learner:
         far; None before start() or where the OS has no per-thread CPU clock."""
         return self._server.cpu_seconds()
 
-    def stop(self) -> None:
+    def stop(self, run_ended: str | None = None, notice_least_seconds: float = 0.0) -> None:
+        """Stops training and serving. `run_ended` (the stop reason of a run
+        that is over for good) is first told to the connected actors and to
+        those that connect within `notice_least_seconds` (docs/wire.md "The end
+        of a run"); without it they reconnect to a restart."""
         self._stop.set()
+        self._server.mark_run_ended(run_ended)
         self.queue.close()
-        self._server.stop()
+        self._server.stop(run_ended, notice_least_seconds)
         for thread in self._threads:
             thread.join(timeout=10)
         if self.training:
@@ -264,7 +269,7 @@ class Learner:
         max_envs = self.config.server.max_envs_per_actor
         peer_timeout = self.config.server.peer_timeout_seconds
         if self.config.architecture != "impala":
-            return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout)
+            return LearnerService(self.inference, self.learner_run, max_envs, peer_timeout, env_id=self.config.env)
         from seedq.impala.service import ImpalaLearnerService, ParamsPublisher
 
         # The same agent at the actors' precision (ActorQ int8).

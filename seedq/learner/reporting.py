@@ -135,6 +135,7 @@ class RunReporter:
                 return reason
             if reason:
                 self.tick()
+                say_no_actors(reason, self.config)
                 return reason
             now = stats.time
             if now >= next_log:
@@ -208,6 +209,8 @@ class RunReporter:
                 self._stop_group()
                 if reason != "actors_exited":
                     self.tick()
+                if self.group.is_leader:
+                    say_no_actors(reason, self.config)
                 return reason
             if decision.get("tick"):
                 next_log = max(next_log + self.config.log_every_seconds, time.monotonic())
@@ -412,7 +415,7 @@ class RunReporter:
             return {"stop_reason": stop_reason, "frames": stats.frames, "checkpoint": ckpt_dir,
                     "process": self.group.index}
         evaluation = None
-        if self.config.eval_episodes and not stopping_on_signal and stop_reason != "learner_error":
+        if self.config.eval_episodes and not stopping_on_signal and stop_reason not in ("learner_error", "no_actors"):
             evaluation = self.evaluate_now().to_dict()
             evaluation["checkpoint"] = ckpt_dir
             self.tensorboard.evaluation(evaluation, stats.frames)
@@ -445,6 +448,13 @@ class NoTensorBoard:
 
     def close(self) -> None:
         pass
+
+
+def say_no_actors(reason: str, config: TrainConfig) -> None:
+    """The one line of a run that spent its time budget without an actor frame."""
+    if reason == "no_actors":
+        print(f"no actor frames in {config.max_seconds:g}s (stop_reason no_actors): no actor reached this "
+              "learner; check the actors' --server address, credentials and --env", file=sys.stderr, flush=True)
 
 
 def all_exited(actors) -> bool:

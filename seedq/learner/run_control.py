@@ -91,7 +91,9 @@ class RunController:
         if cfg.target_return is not None and self.target.reached:
             return "target_return"
         if cfg.max_seconds and self.clock.elapsed(stats.time) >= cfg.max_seconds:
-            return "max_seconds"
+            # A budget spent without a single actor frame is no finished run:
+            # the actors never reached this learner (address, credentials, env).
+            return "no_actors" if stats.frames == 0 else "max_seconds"
         if cfg.max_frames and stats.frames >= cfg.max_frames and frames_settled:
             return "max_frames"
         if stats.error is not None:
@@ -119,6 +121,16 @@ class RunController:
             return False
         self._next_eval_time = now + self.config.eval_every_seconds
         return True
+
+
+# Stop reasons after which the run is over for good: the actors are told so
+# (docs/wire.md "The end of a run") and stop. After the others (SIGTERM, a
+# learner failure) a supervisor restarts the learner, and actors wait for it.
+RUN_OVER_REASONS = ("target_return", "max_seconds", "max_frames", "no_actors", "actors_exited", "interrupted")
+
+
+def run_is_over(stop_reason: str) -> bool:
+    return stop_reason in RUN_OVER_REASONS
 
 
 def process_report(stats: LearnerStats, returns, lengths, *, actors_exited: bool) -> dict:

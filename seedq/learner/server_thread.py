@@ -32,6 +32,9 @@ class ServerThread:
         self._shutdown_event: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._run_ended: str | None = None
+        self._run_end_least_seconds = 0.0
+        self._service = None
 
     def start(self) -> str:
         """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
@@ -42,10 +45,21 @@ class ServerThread:
             raise self._error
         return self.address
 
-    def stop(self) -> None:
-        """Asks the server to stop (the caller joins `thread`)."""
+    def stop(self, run_ended: str | None = None, least_seconds: float = 0.0) -> None:
+        """Asks the server to stop (the caller joins `thread`); with `run_ended`
+        (a stop reason), telling the actors that the run is over first, serving
+        at least `least_seconds` for those reconnecting meanwhile."""
+        self.mark_run_ended(run_ended)
+        self._run_end_least_seconds = least_seconds
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._shutdown_event.set)
+
+    def mark_run_ended(self, run_ended: str | None) -> None:
+        """Records that the run is over (before the learner's queue closes, so
+        that a stream ended by the closing queue already tells its actor)."""
+        self._run_ended = run_ended
+        if run_ended and self._service is not None:
+            self._service.run_ended = run_ended
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the thread (gRPC, batching, inference) has used so far;
@@ -86,7 +100,7 @@ class ServerThread:
     async def _serve_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown_event = asyncio.Event()
-        service = self._make_service()
+        service = self._service = self._make_service()
         try:
             server, self.address, set_serving = await start_server(
                 service, self._requested_address, server_config=self._config.server,
@@ -103,10 +117,32 @@ class ServerThread:
         try:
             await self._shutdown_event.wait()
         finally:
-            await set_serving(False)
+            run_ended = self._run_ended
+            service.run_ended = run_ended
+            await set_serving(False, run_ended=bool(run_ended))
             # Answer every waiting stream with UNAVAILABLE (actors reconnect
-            # or exit) before the server stops taking messages.
-            self._inference.close()
+            # or exit), or with the run's end, before the server stops taking messages.
+            self._inference.close(run_ended)
+            if run_ended:
+                await wait_for_streams_to_end(service, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
             service.idle.close()
             await server.stop(grace=1.0)
             batcher.cancel()
+
+
+# How long a learner whose run is over keeps serving so that every connected
+# actor hears so at its next step (an actor's step is milliseconds; an actor
+# still starting or between reconnects gets the notice if it comes in time).
+RUN_END_NOTICE_SECONDS = 5.0
+# What a learner serving remote actors keeps serving at least: actors between
+# two reconnects (seedq's retry at most every second) hear it too, e.g. of a
+# resumed run whose restored return window already meets its target.
+RUN_END_RECONNECT_SECONDS = 2.5
+
+
+async def wait_for_streams_to_end(service, timeout: float, least: float = 0.0) -> None:
+    """Until no actor stream is open (and `least` seconds have passed), or `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() < start + timeout and (service.idle.open_streams or loop.time() < start + least):
+        await asyncio.sleep(0.05)

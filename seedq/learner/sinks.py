@@ -113,8 +113,21 @@ def short_duration(seconds: float) -> str:
 PROGRESS_COLUMNS = 120
 
 
+def time_left(config: TrainConfig, tick: Tick) -> float | None:
+    """Seconds until the time or frame budget stops the run, whichever comes
+    first (frames at the interval's rate); None without a budget, or with only
+    a frame budget and no frames yet."""
+    left = []
+    if config.max_seconds:
+        left.append(max(0.0, config.max_seconds - tick.elapsed_seconds))
+    if config.max_frames and tick.frames_per_second > 0:
+        left.append(max(0, config.max_frames - tick.stats.frames) / tick.frames_per_second)
+    return min(left) if left else None
+
+
 def progress_line(config: TrainConfig, tick: Tick) -> str:
-    """One line of at most PROGRESS_COLUMNS characters: time, frames and their
+    """One line of at most PROGRESS_COLUMNS characters: time (and the time left
+    with a budget: `time_left`), frames and their
     rate, the mean return (over return_window episodes), train steps and their
     rate, connected actors and a split of devices (fixed for the run), then
     (as they fit, most telling first) a wait for actors, loss, entropy (a
@@ -126,8 +139,10 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     ret = "-" if s.mean_return is None else f"{s.mean_return:.1f}"
     # The batcher's rule (seedq.server.batching); IMPALA learners run no inference.
     batching = f" {s.batching}" if s.inference_batches else ""
+    left = time_left(config, tick)
+    clock = short_duration(tick.elapsed_seconds) + ("" if left is None else f", {short_duration(left)} left")
     line = (
-        f"[{short_duration(tick.elapsed_seconds)}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
+        f"[{clock}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
         f"| return {ret} | {short_count(s.train_steps)} steps {tick.steps_per_second:.0f}/s "
         f"| {s.num_connected} actors{devices_text(s.devices)}"
     )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
@@ -184,8 +199,7 @@ class ConsoleSink:
             self._live = None
 
     def finish(self, summary: dict) -> None:
-        if self.quiet:
-            return
+        """The result line (with --quiet too: how the run ended and where it is), then the evaluation's."""
         cfg, frames_to_target = self.config, summary["frames_to_target"]
         if cfg.target_return is None:
             target = "no target"
@@ -202,7 +216,7 @@ class ConsoleSink:
             flush=True,
         )
         evaluation = summary["eval"]
-        if evaluation is not None:
+        if evaluation is not None and not self.quiet:
             print(
                 f"eval: {evaluation['episodes']} {evaluation['policy']} episodes (seed "
                 f"{evaluation['seed']}): mean return {evaluation['mean']:.1f}, std "

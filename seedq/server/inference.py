@@ -64,6 +64,15 @@ class ServerClosing(Exception):
     """The learner is shutting down; the stream should end with UNAVAILABLE."""
 
 
+class RunEnded(ServerClosing):
+    """The run is over for good (target, budget, the user's interrupt): streams
+    that read RunEnded are told so, the others end with UNAVAILABLE."""
+
+    def __init__(self, stop_reason: str):
+        super().__init__(f"{codec.RUN_ENDED_MARKER} ({stop_reason})")
+        self.stop_reason = stop_reason
+
+
 class RunSuperseded(Exception):
     """The actor reconnected with a new run id while this request waited."""
 
@@ -164,6 +173,8 @@ class InferenceServer:
         # The error that failed an inference batch: the learner stops on it
         # (`Learner.stats().error`), as on a failed train step.
         self.failure: BaseException | None = None
+        # The stop reason of a run that has ended for good (close(run_ended=...)).
+        self.run_ended: str | None = None
         self._has_work: asyncio.Event | None = None
         self._compiled: set[int] = set()
         self._compile_thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -230,9 +241,11 @@ class InferenceServer:
         if slots is not None:
             self.core.drop(slots)
 
-    def close(self) -> None:
-        """Fails every waiting and future request with ServerClosing (LearnerFailed after a failure)."""
+    def close(self, run_ended: str | None = None) -> None:
+        """Fails every waiting and future request with ServerClosing (LearnerFailed
+        after a failure; RunEnded with `run_ended`, the run's stop reason)."""
         self._closing = True
+        self.run_ended = run_ended
         while self._pending:
             request = self._pending.popleft()
             if not request.future.done():
@@ -240,7 +253,9 @@ class InferenceServer:
         self._pending_steps = 0
 
     def _closing_error(self) -> ServerClosing:
-        return LearnerFailed(self.failure) if self.failure is not None else ServerClosing()
+        if self.failure is not None:
+            return LearnerFailed(self.failure)
+        return RunEnded(self.run_ended) if self.run_ended else ServerClosing()
 
     async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
         """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.env_table import SlotBudgetExhausted
-from seedq.server.inference import InferenceServer, LearnerFailed, RunSuperseded, ServerClosing
+from seedq.server.inference import InferenceServer, LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 from seedq import schema
@@ -38,10 +38,14 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
     def __init__(self, inference: InferenceServer | None, learner_run: str,
                  max_envs_per_actor: int = 4096,
                  peer_timeout_seconds: float = ServerConfig.peer_timeout_seconds, *,
-                 spec: schema.EnvSpec | None = None):
+                 spec: schema.EnvSpec | None = None, env_id: str = ""):
         self.inference = inference
         self.spec = spec if spec is not None else inference.spec
         self.learner_run = learner_run
+        self.env_id = env_id  # the learner's env, named in a mismatch refusal
+        # The stop reason once the run is over for good (set by the server thread
+        # before it stops): streams are told so (docs/wire.md "The end of a run").
+        self.run_ended: str | None = None
         self.max_envs_per_actor = max_envs_per_actor
         self.idle = channel.IdleWatchdog(peer_timeout_seconds)
 
@@ -87,7 +91,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         if mismatch:
             field, detail = mismatch.split(":", 1)  # "observation.shape: actor sends ..."
             raise codec.ProtocolError(
-                "handshake." + field, f"{detail.strip()} (learner expects {describe_spec(expected)})"
+                "handshake." + field,
+                f"{detail.strip()} ({other_env(handshake.env_id, self.env_id)}learner expects {describe_spec(expected)})",
             )
         if handshake.num_envs > self.max_envs_per_actor:
             raise codec.ProtocolError(
@@ -108,12 +113,15 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         await self.watched(context, self._stream)
 
     async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
-        guard = StreamGuard(context)
+        guard = StreamGuard(context, self.learner_run)
         async with guard:
             message = await self.read(context, task)
             if message is grpc.aio.EOF:
                 return
             handshake = self.check_handshake(message)
+            guard.reads_run_ended = handshake.reads_run_ended
+            if self.run_ended:  # an actor (re)connecting while the run's end is being told
+                raise RunEnded(self.run_ended)
             entry, superseded = self.connect(handshake)
         guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
@@ -201,6 +209,14 @@ def add_learner_service(service: LearnerService, server: grpc.aio.Server) -> Non
 SERVICE_NAME = seed_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 
 
+def other_env(actor_env: str, learner_env: str) -> str:
+    """The two env ids of a mismatching handshake, when they differ (else nothing):
+    users recognise `Acrobot-v1` and `CartPole-v1` sooner than two shapes."""
+    if not actor_env or not learner_env or actor_env == learner_env:
+        return ""
+    return f"the actor steps {actor_env}, this learner trains {learner_env}; "
+
+
 def describe_spec(spec: schema.EnvSpec) -> str:
     """One line: observation dtype[shape] and the action space."""
     return f"observation {spec.obs_dtype}{list(spec.obs_shape)}, action_space {spec.action_text()}"
@@ -216,9 +232,14 @@ class StreamGuard:
     (never gRPC's silent UNKNOWN). `who` names the stream in logs and details.
     """
 
-    def __init__(self, context):
+    def __init__(self, context, learner_run: str = "", ended_message=None):
         self.context = context
         self.who = f"a new stream from {context.peer()}"
+        self.learner_run = learner_run
+        # stop_reason -> the stream's last message when the run is over (its RPC's response type).
+        self.ended_message = ended_message or (lambda reason: codec.encode_run_ended(reason, learner_run))
+        # The handshake's reads_run_ended: the run's end is told by a RunEnded message.
+        self.reads_run_ended = False
 
     async def __aenter__(self):
         return self
@@ -228,6 +249,10 @@ class StreamGuard:
             return False  # clean exit, or cancellation (the client went away)
         if isinstance(error, grpc.aio.AbortError):
             return False  # already aborted with its status
+        if isinstance(error, RunEnded) and self.reads_run_ended:
+            # The last message; the stream then ends with OK.
+            await self.context.write(self.ended_message(error.stop_reason))
+            return True
         code, details = self.status_of(error)
         await self.context.abort(code, details)
 
@@ -248,7 +273,7 @@ class StreamGuard:
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
         if isinstance(error, RunSuperseded):
             return grpc.StatusCode.ABORTED, f"{self.who}: this run was superseded by a newer run"
-        if isinstance(error, LearnerFailed):
+        if isinstance(error, (LearnerFailed, RunEnded)):
             return grpc.StatusCode.UNAVAILABLE, str(error)
         if isinstance(error, ServerClosing):
             return grpc.StatusCode.UNAVAILABLE, "learner is shutting down"

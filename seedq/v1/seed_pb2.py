@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13seedq/v1/seed.proto\x12\x08seedq.v1\"*\n\nTensorSpec\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"L\n\x0b\x41\x63tionSpace\x12\x12\n\x08\x64iscrete\x18\x01 \x01(\x03H\x00\x12!\n\x03\x62ox\x18\x02 \x01(\x0b\x32\x12.seedq.v1.BoxSpaceH\x00\x42\x06\n\x04kind\"4\n\x08\x42oxSpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0b\n\x03low\x18\x02 \x03(\x02\x12\x0c\n\x04high\x18\x03 \x03(\x02\"\xc1\x01\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12)\n\x0bobservation\x18\x05 \x01(\x0b\x32\x14.seedq.v1.TensorSpec\x12+\n\x0c\x61\x63tion_space\x18\x06 \x01(\x0b\x32\x15.seedq.v1.ActionSpace\x12\x0e\n\x06\x65nv_id\x18\x07 \x01(\t\"n\n\tStepBatch\x12\x13\n\x0b\x65nv_indices\x18\x01 \x01(\x0c\x12\x0f\n\x07rewards\x18\x02 \x01(\x0c\x12\x12\n\nterminated\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x0c\x12\x14\n\x0cobservations\x18\x05 \x01(\x0c\"f\n\x0c\x41\x63torMessage\x12(\n\thandshake\x18\x01 \x01(\x0b\x32\x13.seedq.v1.HandshakeH\x00\x12$\n\x05steps\x18\x02 \x01(\x0b\x32\x13.seedq.v1.StepBatchH\x00\x42\x06\n\x04kind\"\x95\x01\n\x0cHandshakeAck\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\x12)\n\x0bobservation\x18\x03 \x01(\x0b\x32\x14.seedq.v1.TensorSpec\x12+\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x15.seedq.v1.ActionSpace\"6\n\x0b\x41\x63tionBatch\x12\x0f\n\x07\x61\x63tions\x18\x01 \x01(\x0c\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"i\n\x0eLearnerMessage\x12%\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x16.seedq.v1.HandshakeAckH\x00\x12(\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x15.seedq.v1.ActionBatchH\x00\x42\x06\n\x04kind\"7\n\rParamsRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x14\n\x0chave_version\x18\x02 \x01(\x03\"[\n\x0bParamsChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x11\n\tprecision\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"F\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"u\n\x0bUnrollBatch\x12$\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x14.seedq.v1.NamedArray\x12\x0e\n\x06\x66rames\x18\x02 \x01(\x04\x12\x17\n\x0f\x65pisode_returns\x18\x03 \x01(\x0c\x12\x17\n\x0f\x65pisode_lengths\x18\x04 \x01(\x0c\"k\n\rUnrollMessage\x12(\n\thandshake\x18\x01 \x01(\x0b\x32\x13.seedq.v1.HandshakeH\x00\x12(\n\x07unrolls\x18\x02 \x01(\x0b\x32\x15.seedq.v1.UnrollBatchH\x00\x42\x06\n\x04kind\"M\n\tUnrollAck\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t2\xca\x01\n\x07Learner\x12>\n\x06Stream\x12\x16.seedq.v1.ActorMessage\x1a\x18.seedq.v1.LearnerMessage(\x01\x30\x01\x12>\n\nPullParams\x12\x17.seedq.v1.ParamsRequest\x1a\x15.seedq.v1.ParamsChunk0\x01\x12?\n\x0bPushUnrolls\x12\x17.seedq.v1.UnrollMessage\x1a\x13.seedq.v1.UnrollAck(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13seedq/v1/seed.proto\x12\x08seedq.v1\"*\n\nTensorSpec\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"L\n\x0b\x41\x63tionSpace\x12\x12\n\x08\x64iscrete\x18\x01 \x01(\x03H\x00\x12!\n\x03\x62ox\x18\x02 \x01(\x0b\x32\x12.seedq.v1.BoxSpaceH\x00\x42\x06\n\x04kind\"4\n\x08\x42oxSpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0b\n\x03low\x18\x02 \x03(\x02\x12\x0c\n\x04high\x18\x03 \x03(\x02\"\xda\x01\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12)\n\x0bobservation\x18\x05 \x01(\x0b\x32\x14.seedq.v1.TensorSpec\x12+\n\x0c\x61\x63tion_space\x18\x06 \x01(\x0b\x32\x15.seedq.v1.ActionSpace\x12\x0e\n\x06\x65nv_id\x18\x07 \x01(\t\x12\x17\n\x0freads_run_ended\x18\x08 \x01(\x08\"n\n\tStepBatch\x12\x13\n\x0b\x65nv_indices\x18\x01 \x01(\x0c\x12\x0f\n\x07rewards\x18\x02 \x01(\x0c\x12\x12\n\nterminated\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x0c\x12\x14\n\x0cobservations\x18\x05 \x01(\x0c\"f\n\x0c\x41\x63torMessage\x12(\n\thandshake\x18\x01 \x01(\x0b\x32\x13.seedq.v1.HandshakeH\x00\x12$\n\x05steps\x18\x02 \x01(\x0b\x32\x13.seedq.v1.StepBatchH\x00\x42\x06\n\x04kind\"\x95\x01\n\x0cHandshakeAck\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\x12)\n\x0bobservation\x18\x03 \x01(\x0b\x32\x14.seedq.v1.TensorSpec\x12+\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x15.seedq.v1.ActionSpace\"6\n\x0b\x41\x63tionBatch\x12\x0f\n\x07\x61\x63tions\x18\x01 \x01(\x0c\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"4\n\x08RunEnded\x12\x13\n\x0bstop_reason\x18\x01 \x01(\t\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\"\x92\x01\n\x0eLearnerMessage\x12%\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x16.seedq.v1.HandshakeAckH\x00\x12(\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x15.seedq.v1.ActionBatchH\x00\x12\'\n\trun_ended\x18\x03 \x01(\x0b\x32\x12.seedq.v1.RunEndedH\x00\x42\x06\n\x04kind\"7\n\rParamsRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x14\n\x0chave_version\x18\x02 \x01(\x03\"[\n\x0bParamsChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x11\n\tprecision\x18\x02 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"F\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"u\n\x0bUnrollBatch\x12$\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x14.seedq.v1.NamedArray\x12\x0e\n\x06\x66rames\x18\x02 \x01(\x04\x12\x17\n\x0f\x65pisode_returns\x18\x03 \x01(\x0c\x12\x17\n\x0f\x65pisode_lengths\x18\x04 \x01(\x0c\"k\n\rUnrollMessage\x12(\n\thandshake\x18\x01 \x01(\x0b\x32\x13.seedq.v1.HandshakeH\x00\x12(\n\x07unrolls\x18\x02 \x01(\x0b\x32\x15.seedq.v1.UnrollBatchH\x00\x42\x06\n\x04kind\"`\n\tUnrollAck\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x13\n\x0blearner_run\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\x11\n\trun_ended\x18\x04 \x01(\t2\xca\x01\n\x07Learner\x12>\n\x06Stream\x12\x16.seedq.v1.ActorMessage\x1a\x18.seedq.v1.LearnerMessage(\x01\x30\x01\x12>\n\nPullParams\x12\x17.seedq.v1.ParamsRequest\x1a\x15.seedq.v1.ParamsChunk0\x01\x12?\n\x0bPushUnrolls\x12\x17.seedq.v1.UnrollMessage\x1a\x13.seedq.v1.UnrollAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,29 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BOXSPACE']._serialized_start=155
   _globals['_BOXSPACE']._serialized_end=207
   _globals['_HANDSHAKE']._serialized_start=210
-  _globals['_HANDSHAKE']._serialized_end=403
-  _globals['_STEPBATCH']._serialized_start=405
-  _globals['_STEPBATCH']._serialized_end=515
-  _globals['_ACTORMESSAGE']._serialized_start=517
-  _globals['_ACTORMESSAGE']._serialized_end=619
-  _globals['_HANDSHAKEACK']._serialized_start=622
-  _globals['_HANDSHAKEACK']._serialized_end=771
-  _globals['_ACTIONBATCH']._serialized_start=773
-  _globals['_ACTIONBATCH']._serialized_end=827
-  _globals['_LEARNERMESSAGE']._serialized_start=829
-  _globals['_LEARNERMESSAGE']._serialized_end=934
-  _globals['_PARAMSREQUEST']._serialized_start=936
-  _globals['_PARAMSREQUEST']._serialized_end=991
-  _globals['_PARAMSCHUNK']._serialized_start=993
-  _globals['_PARAMSCHUNK']._serialized_end=1084
-  _globals['_NAMEDARRAY']._serialized_start=1086
-  _globals['_NAMEDARRAY']._serialized_end=1156
-  _globals['_UNROLLBATCH']._serialized_start=1158
-  _globals['_UNROLLBATCH']._serialized_end=1275
-  _globals['_UNROLLMESSAGE']._serialized_start=1277
-  _globals['_UNROLLMESSAGE']._serialized_end=1384
-  _globals['_UNROLLACK']._serialized_start=1386
-  _globals['_UNROLLACK']._serialized_end=1463
-  _globals['_LEARNER']._serialized_start=1466
-  _globals['_LEARNER']._serialized_end=1668
+  _globals['_HANDSHAKE']._serialized_end=428
+  _globals['_STEPBATCH']._serialized_start=430
+  _globals['_STEPBATCH']._serialized_end=540
+  _globals['_ACTORMESSAGE']._serialized_start=542
+  _globals['_ACTORMESSAGE']._serialized_end=644
+  _globals['_HANDSHAKEACK']._serialized_start=647
+  _globals['_HANDSHAKEACK']._serialized_end=796
+  _globals['_ACTIONBATCH']._serialized_start=798
+  _globals['_ACTIONBATCH']._serialized_end=852
+  _globals['_RUNENDED']._serialized_start=854
+  _globals['_RUNENDED']._serialized_end=906
+  _globals['_LEARNERMESSAGE']._serialized_start=909
+  _globals['_LEARNERMESSAGE']._serialized_end=1055
+  _globals['_PARAMSREQUEST']._serialized_start=1057
+  _globals['_PARAMSREQUEST']._serialized_end=1112
+  _globals['_PARAMSCHUNK']._serialized_start=1114
+  _globals['_PARAMSCHUNK']._serialized_end=1205
+  _globals['_NAMEDARRAY']._serialized_start=1207
+  _globals['_NAMEDARRAY']._serialized_end=1277
+  _globals['_UNROLLBATCH']._serialized_start=1279
+  _globals['_UNROLLBATCH']._serialized_end=1396
+  _globals['_UNROLLMESSAGE']._serialized_start=1398
+  _globals['_UNROLLMESSAGE']._serialized_end=1505
+  _globals['_UNROLLACK']._serialized_start=1507
+  _globals['_UNROLLACK']._serialized_end=1603
+  _globals['_LEARNER']._serialized_start=1606
+  _globals['_LEARNER']._serialized_end=1808
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class BoxSpace(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., low: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Handshake(_message.Message):
-    __slots__ = ("protocol_version", "actor_id", "run_id", "num_envs", "observation", "action_space", "env_id")
+    __slots__ = ("protocol_version", "actor_id", "run_id", "num_envs", "observation", "action_space", "env_id", "reads_run_ended")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Handshake(_message.Message):
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    READS_RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     actor_id: str
     run_id: str
@@ -48,7 +49,8 @@ class Handshake(_message.Message):
     observation: TensorSpec
     action_space: ActionSpace
     env_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., run_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation: _Optional[_Union[TensorSpec, _Mapping]] = ..., action_space: _Optional[_Union[ActionSpace, _Mapping]] = ..., env_id: _Optional[str] = ...) -> None: ...
+    reads_run_ended: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., run_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation: _Optional[_Union[TensorSpec, _Mapping]] = ..., action_space: _Optional[_Union[ActionSpace, _Mapping]] = ..., env_id: _Optional[str] = ..., reads_run_ended: _Optional[bool] = ...) -> None: ...
 
 class StepBatch(_message.Message):
     __slots__ = ("env_indices", "rewards", "terminated", "truncated", "observations")
@@ -92,13 +94,23 @@ class ActionBatch(_message.Message):
     policy_version: int
     def __init__(self, actions: _Optional[bytes] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
+class RunEnded(_message.Message):
+    __slots__ = ("stop_reason", "learner_run")
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_RUN_FIELD_NUMBER: _ClassVar[int]
+    stop_reason: str
+    learner_run: str
+    def __init__(self, stop_reason: _Optional[str] = ..., learner_run: _Optional[str] = ...) -> None: ...
+
 class LearnerMessage(_message.Message):
-    __slots__ = ("ack", "actions")
+    __slots__ = ("ack", "actions", "run_ended")
     ACK_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     ack: HandshakeAck
     actions: ActionBatch
-    def __init__(self, ack: _Optional[_Union[HandshakeAck, _Mapping]] = ..., actions: _Optional[_Union[ActionBatch, _Mapping]] = ...) -> None: ...
+    run_ended: RunEnded
+    def __init__(self, ack: _Optional[_Union[HandshakeAck, _Mapping]] = ..., actions: _Optional[_Union[ActionBatch, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
 
 class ParamsRequest(_message.Message):
     __slots__ = ("actor_id", "have_version")
@@ -153,11 +165,13 @@ class UnrollMessage(_message.Message):
     def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., unrolls: _Optional[_Union[UnrollBatch, _Mapping]] = ...) -> None: ...
 
 class UnrollAck(_message.Message):
-    __slots__ = ("policy_version", "learner_run", "config_json")
+    __slots__ = ("policy_version", "learner_run", "config_json", "run_ended")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_RUN_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     learner_run: str
     config_json: str
-    def __init__(self, policy_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., config_json: _Optional[str] = ...) -> None: ...
+    run_ended: str
+    def __init__(self, policy_version: _Optional[int] = ..., learner_run: _Optional[str] = ..., config_json: _Optional[str] = ..., run_ended: _Optional[str] = ...) -> None: ...

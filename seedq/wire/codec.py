@@ -42,6 +42,9 @@ SLOT_BUDGET_MARKER = "env-slot budget full"
 # How the details of the UNAVAILABLE that ends every stream of a learner that
 # failed (stop_reason learner_error) begin: actors say so once and reconnect.
 LEARNER_FAILED_MARKER = "learner failed"
+# How the details of the UNAVAILABLE begin that ends the streams of clients
+# without `reads_run_ended` when the run is over (the others get RunEnded).
+RUN_ENDED_MARKER = "learner is shutting down: the run ended"
 # Longest actor_id / run_id a handshake may carry (they are logged and keyed on).
 MAX_ID_LENGTH = 128
 MAX_OBSERVATION_BYTES = MAX_MESSAGE_BYTES
@@ -155,7 +158,8 @@ def spec_from_proto(
 
 
 def encode_handshake(
-    spec: EnvSpec, *, actor_id: str, run_id: str, num_envs: int, env_id: str = ""
+    spec: EnvSpec, *, actor_id: str, run_id: str, num_envs: int, env_id: str = "",
+    reads_run_ended: bool = False,
 ) -> seed_pb2.ActorMessage:
     observation, action_space = spec_to_proto(spec)
     return seed_pb2.ActorMessage(
@@ -167,6 +171,7 @@ def encode_handshake(
             observation=observation,
             action_space=action_space,
             env_id=env_id,
+            reads_run_ended=reads_run_ended,
         )
     )
 
@@ -338,6 +343,25 @@ def encode_actions(actions: np.ndarray, spec: EnvSpec, policy_version: int) -> s
             policy_version=policy_version,
         )
     )
+
+
+def encode_run_ended(stop_reason: str, learner_run: str) -> seed_pb2.LearnerMessage:
+    return seed_pb2.LearnerMessage(run_ended=seed_pb2.RunEnded(stop_reason=stop_reason, learner_run=learner_run))
+
+
+class RunEnded(Exception):
+    """The learner said its run is over (LearnerMessage.run_ended): the actor stops for good."""
+
+    def __init__(self, stop_reason: str, learner_run: str = ""):
+        super().__init__(f"the run {learner_run or ''} ended ({stop_reason or 'no reason given'})".replace("  ", " "))
+        self.stop_reason = stop_reason
+        self.learner_run = learner_run
+
+
+def raise_if_run_ended(message: seed_pb2.LearnerMessage) -> None:
+    """RunEnded if `message` is the learner's end-of-run notice."""
+    if message.WhichOneof("kind") == "run_ended":
+        raise RunEnded(message.run_ended.stop_reason, message.run_ended.learner_run)
 
 
 def decode_actions(message: seed_pb2.LearnerMessage, spec: EnvSpec, n: int) -> np.ndarray:
