@@ -118,16 +118,17 @@ def test_a_command_called_in_process_counts_its_time_from_the_call(monkeypatch):
 def test_help_shows_the_given_envs_env_dependent_defaults(capsys):
     """`--target-return` of CartPole-v1 is its reward_threshold (475), and `--env X --help`
     shows X's defaults, not CartPole's."""
-    from seedq.flags import env_defaults, format_default
+    from seedq.envs import run_defaults
+    from seedq.flags import format_default
 
     def flag_help(out: str, flag: str) -> str:
         return " ".join(out.split()).split(f" {flag} ", 1)[1].split(" --", 1)[0]
 
     code, out, _ = run_cli(["train", "--help"], capsys)
     line = flag_help(out, "--target-return")
-    assert code == 0 and f"(default: {format_default(env_defaults('CartPole-v1').target_return)} for CartPole-v1" in line
+    assert code == 0 and f"(default: {format_default(run_defaults('CartPole-v1').target_return)} for CartPole-v1" in line
     code, out, _ = run_cli(["train", "--env", "Pendulum-v1", "--help", "vtrace"], capsys)
-    pendulum, cartpole = env_defaults("Pendulum-v1").vtrace, env_defaults("CartPole-v1").vtrace
+    pendulum, cartpole = run_defaults("Pendulum-v1").vtrace, run_defaults("CartPole-v1").vtrace
     assert pendulum.learning_rate != cartpole.learning_rate  # Box actions: a default that differs
     line = flag_help(out, "--vtrace.learning-rate")
     assert f"(default: {format_default(pendulum.learning_rate)} for Pendulum-v1" in line, line

@@ -390,7 +390,8 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
         assert stdout.count(" steps ") == 3 and "\x1b[" not in stdout
         assert stdout.splitlines()[-1] == (
             # (The scripted learner's batch loop never waits: the actors set the pace.)
-            "[3s] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | 2 actors | loss 0.5 | bottleneck env "
+            # (max_seconds 300, the default: the time left of that budget follows the time)
+            "[3s, 297s left] 15,000 fr 5.0k/s | return 15.0 | 60 steps 20/s | 2 actors | loss 0.5 | bottleneck env "
             "| batch 12.5 wait"
         )
     scalars = read_scalars(tmp_path)

@@ -260,6 +260,8 @@ def finished(config: TrainConfig) -> bool:
 # from their checkpoints (the schedules' -1 horizons follow the new budget),
 # and the count of kept checkpoints, which a comparison derives from the budget.
 BUDGETS = ("max_frames", "max_seconds", "checkpoints_to_keep")
+# The stop reasons of a run that met its budget (a larger one extends it).
+BUDGET_STOPS = ("max_frames", "max_seconds", "target_return")
 
 
 def other_settings(config: TrainConfig) -> list[str]:
@@ -321,7 +323,7 @@ def resume_args(config: TrainConfig, what: str, log) -> tuple[str, ...] | None:
                              "only --max-frames and --max-seconds extend a run: give a new --out")
         stats = read_json(os.path.join(config.logdir, run_dirs.STATS)) or {}
         so_far = f" (about {stats['frames']:,} frames in)" if isinstance(stats.get("frames"), int) else ""
-        if read_json(os.path.join(config.logdir, run_dirs.SUMMARY)):
+        if (read_json(os.path.join(config.logdir, run_dirs.SUMMARY)) or {}).get("stop_reason") in BUDGET_STOPS:
             log(f"{what}: extending the finished run from its checkpoint to the new budget{so_far}")
         else:
             log(f"{what}: continuing an unfinished earlier attempt from its checkpoint{so_far}")
