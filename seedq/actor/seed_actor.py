@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -51,6 +52,18 @@ FIRST_NOTICE_SECONDS = 2.0
 # Vector steps before the time split's steady-state window opens.
 WARM_STEPS = 50
 
+# Actor groups (docs/wire.md "Actor groups"): below this round trip a second
+# group gains less than its extra messages cost the learner, so local runs
+# keep one stream per actor, as before.
+MIN_GROUPED_RTT_SECONDS = 0.002
+# More groups than this add messages without hiding more of the round trip.
+MAX_GROUPS = 8
+# Health-service pings that measure the channel's round trip (after one that
+# may include connecting).
+RTT_PINGS = 5
+# Vector steps with random actions that time the env before choosing groups.
+TIMED_STEPS = 5
+
 # docs/wire.md: a malformed or mismatching message, one out of order, or one
 # over the learner's message size limit.
 FATAL_CODES = (
@@ -83,6 +96,7 @@ class ActorStats:
     frames: int = 0
     steps: int = 0
     connections: int = 0
+    groups: int = 1  # env groups, one stream each (0 until chosen)
     env_seconds: float = 0.0
     wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
     # Time split (seconds). SEED: inference = awaiting the learner's answer
@@ -142,6 +156,7 @@ class ActorStats:
             "frames": self.frames,
             "vector_steps": self.steps,
             "connections": self.connections,
+            "groups": self.groups,
             "seconds": elapsed,
             "frames_per_second": self.frames / elapsed if elapsed > 0 else 0.0,
             "env_seconds": self.env_seconds,
@@ -170,6 +185,81 @@ def channel_target(address: str) -> str:
     if address.startswith(("unix:", "unix-abstract:")) or ":" in address:
         return address
     raise ValueError(f"server address {address!r}: expected unix:/path/to.sock or host:port")
+
+
+def group_sizes(num_envs: int, groups: int) -> list[int]:
+    """How `num_envs` envs split into `groups` groups: as evenly as possible, the larger first."""
+    return [len(part) for part in np.array_split(np.arange(num_envs), groups)]
+
+
+def group_actor_id(actor_id: str, group: int, groups: int) -> str:
+    """The stream's actor id: the actor's own with one group (today's
+    protocol), `<id>/g<k>` for group k of several (each its own stream)."""
+    return actor_id if groups == 1 else f"{actor_id}/g{group}"
+
+
+def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int) -> int:
+    """The automatic group count: 1 below MIN_GROUPED_RTT_SECONDS; else
+    enough groups that the others' stepping covers one group's round trip
+    (1 + rtt / the whole vector's step time), at least 2, at most MAX_GROUPS
+    and one env per group."""
+    if rtt_seconds < MIN_GROUPED_RTT_SECONDS:
+        return 1
+    wanted = 1 + math.ceil(rtt_seconds / max(step_seconds, 1e-6))
+    return max(1, min(num_envs, MAX_GROUPS, max(2, wanted)))
+
+
+async def channel_rtt_seconds(channel, metadata=None, pings: int = RTT_PINGS) -> float:
+    """The channel's round trip: the median of `pings` gRPC health Checks on
+    it (not a StepBatch's, which includes batching and inference)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(channel)
+    request = health_pb2.HealthCheckRequest(service="")
+    await stub.Check(request, metadata=metadata)  # may connect: not timed
+    times = []
+    for _ in range(pings):
+        sent = time.perf_counter()
+        await stub.Check(request, metadata=metadata)
+        times.append(time.perf_counter() - sent)
+    return float(np.median(times))
+
+
+def vector_step_seconds(env, spec, steps: int = TIMED_STEPS, seed: int = 0) -> float:
+    """Median seconds of one step of the whole vector env under random actions
+    (the connection resets it afterwards)."""
+    from seedq.envs import random_actions
+
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    times = []
+    for _ in range(steps):
+        actions = random_actions(spec, env.num_envs, rng)
+        started = time.perf_counter()
+        env.step(actions)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, **kwargs):
+    """One stream per group, concurrently; the first to fail ends them all
+    (the actor then reconnects every group with fresh run ids). Group k's
+    envs are seeded as envs offset_k.. of one vector would be."""
+    offsets = np.cumsum([0] + [env.num_envs for env in envs])
+    tasks = [
+        asyncio.create_task(connection(
+            stub, env, spec, actor_id=group_actor_id(actor_id, k, len(envs)), num_envs=env.num_envs,
+            seed=seed + int(offsets[k]), **kwargs))
+        for k, env in enumerate(envs)
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _serve_one_connection(
@@ -235,6 +325,7 @@ async def run_actor(
     options: EnvOptions = EnvOptions(),
     connection=None,
     channel_config: ActorChannelConfig = ActorChannelConfig(),
+    groups: int = 1,
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, or the learner refuses us.
 
@@ -245,11 +336,18 @@ async def run_actor(
     actor passes its own) with the keyword arguments of `_serve_one_connection`.
     `channel_config` sets TLS, the token and keepalive; a refusal of those
     credentials is a FatalActorError (retrying cannot fix it).
+    `groups`: the env groups, one stream each (0: chosen at the first
+    connection from the channel's round trip and the env step time; always
+    1 on a unix socket).
     """
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
     env = make_vector_env(env_id, num_envs, options=options)
     spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
+    if groups == 0 and address.startswith(("unix:", "unix-abstract:")):
+        groups = 1  # a socket on this host: no network round trip to hide
+    envs = [env] if groups == 1 else None
+    stats.groups = groups
     backoff, disconnected_since = 0.05, time.monotonic()
     # Local actors (parent_pid: their learner is starting beside them) stay
     # quiet for the first interval; an actor started by hand says so soon.
@@ -266,11 +364,16 @@ async def run_actor(
                     # A fresh episode seed per connection made, so a restart
                     # does not replay the same episodes (attempts that found no
                     # learner do not count: the first episodes follow the seed alone).
-                    await connection(
-                        stub, env, spec, actor_id=actor_id, num_envs=num_envs,
-                        env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
-                        skip_seconds=stats_skip_seconds,
-                    )
+                    if envs is None:
+                        envs = await _group_envs(channel, metadata, env, spec, env_id, options, groups, actor_id)
+                        stats.groups = len(envs)
+                    serve_kwargs = dict(env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
+                                        skip_seconds=stats_skip_seconds)
+                    if len(envs) == 1:
+                        await connection(stub, envs[0], spec, actor_id=actor_id, num_envs=num_envs, **serve_kwargs)
+                    else:
+                        await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
+                                            **serve_kwargs)
                 except grpc.aio.AioRpcError as e:
                     if slots_full(e) or learner_failed(e):
                         # Slots free as other actors leave; a failed learner is
@@ -310,7 +413,25 @@ async def run_actor(
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
     finally:
-        env.close()
+        for each in envs or [env]:
+            each.close()
+
+
+async def _group_envs(channel, metadata, env, spec, env_id, options, groups, actor_id) -> list:
+    """The vector envs of each group: `env` alone for one group; for several,
+    `env` is closed and one vector per group made. `groups` 0: chosen from
+    the channel's round trip and `env`'s step time (`groups_for`)."""
+    if groups == 0:
+        rtt = await channel_rtt_seconds(channel, metadata)
+        step = vector_step_seconds(env, spec) if rtt >= MIN_GROUPED_RTT_SECONDS else 0.0
+        groups = groups_for(rtt, step, env.num_envs)
+        log.info("actor %s: round trip %.1f ms, vector step %.1f ms: %d env groups",
+                 actor_id, rtt * 1e3, step * 1e3, groups)
+    if groups == 1:
+        return [env]
+    num_envs = env.num_envs
+    env.close()
+    return [make_vector_env(env_id, n, options=options) for n in group_sizes(num_envs, groups)]
 
 
 def learner_may_still_come(parent_pid: int) -> bool:
@@ -355,6 +476,11 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
     stats = ActorStats()
     actor_id = actor_name(args)
     channel_config = config_from_args(args, ActorChannelConfig)
+    groups = getattr(args, "groups", 1)
+    if not 0 <= groups <= max(args.num_envs, 1):
+        print(f"{prog}: --groups {groups}: must be 0 (automatic) to --num-envs ({args.num_envs})",
+              file=sys.stderr, flush=True)
+        return 2
     try:
         channel_config.validate()
         # Credential files are read now: a bad path is a one-line error, not a retry loop.
@@ -385,6 +511,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
             retry_max_seconds=args.retry_max_seconds, parent_pid=parent_pid, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions), channel_config=channel_config,
+            groups=groups,
         )
         if args.max_seconds:
             try:

@@ -32,6 +32,10 @@ import numpy as np
 RECORDED_STEPS = 16
 # Bounds the RTT samples a generator sends back.
 MAX_RTT_SAMPLES = 200_000
+# Messages per stream (on average) answered before the warm-up seconds
+# start: every inference batch size the load produces is compiled by then,
+# however long a round takes (a compile in the window would count as ingress CPU).
+WARM_ROUNDS = 3
 # Phases a generator follows (a shared int the parent sets).
 WARMING, MEASURING, STOPPING = 0, 1, 2
 
@@ -273,6 +277,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
                 generators[-1].start()
             _wait_for_streams(learner, load.streams, generators)
             _wait_for_batching_choice(learner.inference.batching)
+            _wait_for_rounds(learner, load.streams, WARM_ROUNDS)
             time.sleep(load.warmup_seconds)
             stats = learner.inference.stats
             frames0, messages0 = learner.table.frames, stats.requests
@@ -343,4 +348,12 @@ def _wait_for_streams(learner, streams: int, generators, timeout: float = 120.0)
         if time.monotonic() > deadline or not any(p.is_alive() for p in generators):
             raise RuntimeError(f"only {learner.table.num_connected}/{streams} streams connected within "
                                f"{timeout:.0f}s (server.max_envs may be below streams x envs-per-stream)")
+        time.sleep(0.05)
+
+
+def _wait_for_rounds(learner, streams: int, rounds: int, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    stats = learner.inference.stats
+    start = stats.requests
+    while stats.requests - start < rounds * streams and time.monotonic() < deadline:
         time.sleep(0.05)
