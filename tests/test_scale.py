@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from seedq import netdelay
-from seedq.actor.seed_actor import MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, group_sizes, groups_for
+from seedq.actor.seed_actor import GROUP_SLACK, MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, group_sizes, groups_for
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 
@@ -105,13 +105,21 @@ def test_negative_delay_is_refused():
 
 
 @pytest.mark.unit
-def test_groups_stay_one_below_the_round_trip_floor_and_grow_with_it():
-    step = 0.010
-    assert groups_for(MIN_GROUPED_RTT_SECONDS / 2, step, 64) == 1
-    counts = [groups_for(rtt, step, 64) for rtt in (0.002, 0.010, 0.030, 0.5)]
-    assert counts[0] >= 2
-    assert counts == sorted(counts) and counts[-1] == MAX_GROUPS
-    assert groups_for(0.5, step, 3) == 3  # never an empty group
+def test_groups_stay_one_below_the_round_trip_floor_or_where_stepping_is_cheap():
+    assert groups_for(MIN_GROUPED_RTT_SECONDS / 2, 0.050, 64) == 1
+    assert groups_for(0.025, 0.0005, 64) == 1  # CartPole-cheap steps: nothing to overlap
+
+
+@pytest.mark.unit
+def test_groups_hide_the_round_trip_behind_the_other_groups_steps():
+    for rtt, step in ((0.025, 0.015), (0.025, 0.025), (0.005, 0.050)):
+        groups = groups_for(rtt, step, 64)
+        cycle = rtt + step / groups  # one group's: its round trip, then its share of the steps
+        assert cycle <= GROUP_SLACK * max(rtt, step) + 1e-12
+        if groups > 1:  # and one group fewer would not do
+            assert rtt + step / (groups - 1) > GROUP_SLACK * max(rtt, step)
+    assert groups_for(0.5, 0.4, 3) == 3  # never an empty group
+    assert groups_for(0.5, 0.5, 64) <= MAX_GROUPS
 
 
 @pytest.mark.unit
@@ -164,9 +172,11 @@ def start_actor(address, tmp_path, actor_id, num_envs, groups):
 
 @pytest.mark.e2e
 def test_actor_groups_keep_every_env_in_order_beside_an_actor_of_todays_protocol(tmp_path):
-    """One actor whose groups (chosen automatically behind a 10 ms round trip)
-    take turns, and one actor of today's protocol (one stream, its plain id),
-    train one learner; every unroll holds one env's steps in order."""
+    """Behind a 10 ms round trip, one actor whose 3 groups take turns, one
+    that chooses its groups by pinging (CartPole's steps are too cheap to
+    hide anything behind: one group), and one actor of today's protocol (one
+    stream, its plain id) train one learner; every unroll holds one env's
+    steps in order."""
     config = dataclasses.replace(
         TrainConfig(), env="CartPole-v1",
         vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4, lookahead=0),
@@ -179,16 +189,16 @@ def test_actor_groups_keep_every_env_in_order_beside_an_actor_of_todays_protocol
         address = learner.start(train=True)
         proxy = netdelay.DelayProxy(address, one_way_ms=5.0)
         delayed = proxy.start()
-        actors = [start_actor(delayed, tmp_path, "grouped", num_envs=4, groups=0),
+        actors = [start_actor(delayed, tmp_path, "grouped", num_envs=4, groups=3),
+                  start_actor(delayed, tmp_path, "auto", num_envs=4, groups=0),
                   start_actor(address, tmp_path, "today", num_envs=4, groups=1)]
-        wait_until(lambda: learner.table.num_connected >= 3, "the grouped actor's streams and today's", learner)
+        wait_until(lambda: learner.table.num_connected >= 5, "every actor's streams", learner)
         start = learner.train_steps
         wait_until(lambda: learner.train_steps >= start + 5, "5 train steps with both actors", learner)
         ids = sorted(entry.actor_id for entry in learner.table.entries())
         grouped = [i for i in ids if i.startswith("grouped/g")]
-        assert "today" in ids, ids
-        assert len(grouped) >= 2, f"a 10 ms round trip should make groups: {ids}"
-        assert sorted(grouped) == [f"grouped/g{k}" for k in range(len(grouped))]
+        assert grouped == ["grouped/g0", "grouped/g1", "grouped/g2"], ids
+        assert "today" in ids and "auto" in ids, ids
         for proc in actors:
             assert proc.poll() is None, (tmp_path / "grouped.log").read_text()
         with tap.lock:

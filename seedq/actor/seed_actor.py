@@ -34,6 +34,7 @@ from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing
 from seedq.wire import codec
+from seedq.wire.groups import group_stream_id
 from seedq.wire.metered import ByteCounter, MeteredStub
 from seedq import schema
 
@@ -58,6 +59,9 @@ WARM_STEPS = 50
 MIN_GROUPED_RTT_SECONDS = 0.002
 # More groups than this add messages without hiding more of the round trip.
 MAX_GROUPS = 8
+# Groups are added until an actor's cycle is at most this factor above the
+# better of stepping alone or the round trip alone (`groups_for`).
+GROUP_SLACK = 1.25
 # Health-service pings that measure the channel's round trip (after one that
 # may include connecting).
 RTT_PINGS = 5
@@ -192,21 +196,19 @@ def group_sizes(num_envs: int, groups: int) -> list[int]:
     return [len(part) for part in np.array_split(np.arange(num_envs), groups)]
 
 
-def group_actor_id(actor_id: str, group: int, groups: int) -> str:
-    """The stream's actor id: the actor's own with one group (today's
-    protocol), `<id>/g<k>` for group k of several (each its own stream)."""
-    return actor_id if groups == 1 else f"{actor_id}/g{group}"
-
-
 def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int) -> int:
-    """The automatic group count: 1 below MIN_GROUPED_RTT_SECONDS; else
-    enough groups that the others' stepping covers one group's round trip
-    (1 + rtt / the whole vector's step time), at least 2, at most MAX_GROUPS
-    and one env per group."""
-    if rtt_seconds < MIN_GROUPED_RTT_SECONDS:
+    """The automatic group count. With G groups taking turns, one group's
+    cycle is the round trip r plus its share s/G of the vector step s, and
+    the actor's cycle can never beat max(s, r) (its CPU, or the network):
+    the fewest groups whose cycle r + s/G is within GROUP_SLACK of that
+    bound. One group below MIN_GROUPED_RTT_SECONDS, and where stepping is so
+    cheap against the round trip that groups would add messages and gain
+    nothing; at most MAX_GROUPS and one env per group."""
+    if rtt_seconds < MIN_GROUPED_RTT_SECONDS or step_seconds <= 0:
         return 1
-    wanted = 1 + math.ceil(rtt_seconds / max(step_seconds, 1e-6))
-    return max(1, min(num_envs, MAX_GROUPS, max(2, wanted)))
+    room = GROUP_SLACK * max(step_seconds, rtt_seconds) - rtt_seconds
+    wanted = math.ceil(step_seconds / room - 1e-9)  # 4.0000001 is 4 groups
+    return max(1, min(num_envs, MAX_GROUPS, wanted))
 
 
 async def channel_rtt_seconds(channel, metadata=None, pings: int = RTT_PINGS) -> float:
@@ -248,7 +250,7 @@ async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, **kwarg
     offsets = np.cumsum([0] + [env.num_envs for env in envs])
     tasks = [
         asyncio.create_task(connection(
-            stub, env, spec, actor_id=group_actor_id(actor_id, k, len(envs)), num_envs=env.num_envs,
+            stub, env, spec, actor_id=group_stream_id(actor_id, k, len(envs)), num_envs=env.num_envs,
             seed=seed + int(offsets[k]), **kwargs))
         for k, env in enumerate(envs)
     ]

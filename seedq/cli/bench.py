@@ -39,6 +39,11 @@ def _add_throughput(bench_sub) -> None:
     tp.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase")
     tp.add_argument("--warmup-seconds", type=float, default=3.0, help="seconds run before measuring")
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
+    tp.add_argument("--rtt-ms", type=float, default=None,
+                    help="run the actors over loopback TCP through a proxy that adds this round trip "
+                    "(0: the same path, no delay; default: a unix socket, as seedq train)")
+    tp.add_argument("--actor-groups", type=int, default=None,
+                    help="env groups per actor (default: the actors choose; actor_groups)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
     add_config_flags(tp, config_lib.ServerConfig, "server.")
@@ -354,6 +359,8 @@ def _throughput(args: argparse.Namespace) -> int:
             devices=config_from_args(args, config_lib.DevicesConfig, "devices.", base.devices),
             server=config_from_args(args, config_lib.ServerConfig, "server.", base.server),
             base=base,
+            rtt_ms=args.rtt_ms,
+            actor_groups=args.actor_groups,
         )
     except (ValueError, RuntimeError) as e:
         print(f"seedq bench throughput: {e}", file=sys.stderr)
