@@ -232,3 +232,26 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
     assert result["slots_served"] == 256 * 16
     assert result["min_stream_frames_ratio"] > 0
     assert 0 < result["rss_bytes_per_slot"] <= SLOT_MEMORY_BUDGET_BYTES
+
+
+# --- reporting the group count ---------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_progress_line_and_summary_count_actors_and_their_groups():
+    from fake_learner import learner_stats
+    from seedq.learner.run_control import RunClock, TargetRecord
+    from seedq.learner.sinks import RunInfo, Tick, progress_line, summary_json
+    from seedq.learner.stats import ActorStats
+
+    def line(stats):
+        return progress_line(TrainConfig(), Tick(stats, {}, 10.0, 1000.0, 5.0))
+
+    plain = learner_stats(actors=(ActorStats("a", "r", 4, 0), ActorStats("b", "r", 4, 0)), actor_groups=1)
+    assert "| 2 actors" in line(plain) and "groups" not in line(plain)
+    streams = tuple(ActorStats(f"{actor}/g{k}", "r", 2, 0) for actor in ("a", "b") for k in range(3))
+    grouped = learner_stats(actors=streams, actor_groups=3)
+    assert "| 2 actors x3 groups" in line(grouped)
+    summary = summary_json(TrainConfig(), grouped, TargetRecord(), RunInfo(RunClock(0.0), 1, None, None, ()), stop_reason="max_seconds",
+                           wall_seconds=1.0, segment_seconds=1.0, checkpoint="", evaluation=None)
+    assert summary["actor_groups"] == 3

@@ -65,8 +65,8 @@ GROUP_SLACK = 1.25
 # Health-service pings that measure the channel's round trip (after one that
 # may include connecting).
 RTT_PINGS = 5
-# Vector steps with random actions that time the env before choosing groups.
-TIMED_STEPS = 5
+# Steps of one env, random actions, that time stepping before choosing groups.
+TIMED_STEPS = 20
 
 # docs/wire.md: a malformed or mismatching message, one out of order, or one
 # over the learner's message size limit.
@@ -344,11 +344,16 @@ async def run_actor(
     """
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
-    env = make_vector_env(env_id, num_envs, options=options)
-    spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
     if groups == 0 and address.startswith(("unix:", "unix-abstract:")):
         groups = 1  # a socket on this host: no network round trip to hide
-    envs = [env] if groups == 1 else None
+    envs, step_seconds = None, 0.0
+    if groups == 1:
+        envs = [make_vector_env(env_id, num_envs, options=options)]
+        spec = schema.spec_from_spaces(envs[0].single_observation_space, envs[0].single_action_space)
+    else:
+        # The groups' envs are made once their count is known; a one-env
+        # probe gives the spec and, for the automatic count, the step time.
+        spec, step_seconds = probe_env(env_id, num_envs, options, timed=groups == 0)
     stats.groups = groups
     backoff, disconnected_since = 0.05, time.monotonic()
     # Local actors (parent_pid: their learner is starting beside them) stay
@@ -367,7 +372,8 @@ async def run_actor(
                     # does not replay the same episodes (attempts that found no
                     # learner do not count: the first episodes follow the seed alone).
                     if envs is None:
-                        envs = await _group_envs(channel, metadata, env, spec, env_id, options, groups, actor_id)
+                        envs = await _group_envs(channel, metadata, env_id, num_envs, options, groups,
+                                                 step_seconds, actor_id)
                         stats.groups = len(envs)
                     serve_kwargs = dict(env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
                                         skip_seconds=stats_skip_seconds)
@@ -415,24 +421,30 @@ async def run_actor(
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
     finally:
-        for each in envs or [env]:
+        for each in envs or []:
             each.close()
 
 
-async def _group_envs(channel, metadata, env, spec, env_id, options, groups, actor_id) -> list:
-    """The vector envs of each group: `env` alone for one group; for several,
-    `env` is closed and one vector per group made. `groups` 0: chosen from
-    the channel's round trip and `env`'s step time (`groups_for`)."""
+def probe_env(env_id: str, num_envs: int, options, timed: bool) -> tuple[schema.EnvSpec, float]:
+    """(spec, estimated seconds of one step of `num_envs` envs; 0 unless
+    `timed`) from one env: making a whole vector env twice would double the
+    actor's start-up (over 15 s for 32 Atari envs on a loaded machine)."""
+    probe = make_vector_env(env_id, 1, options=options)
+    try:
+        spec = schema.spec_from_spaces(probe.single_observation_space, probe.single_action_space)
+        return spec, vector_step_seconds(probe, spec) * num_envs if timed else 0.0
+    finally:
+        probe.close()
+
+
+async def _group_envs(channel, metadata, env_id, num_envs, options, groups, step_seconds, actor_id) -> list:
+    """The vector env of each group. `groups` 0: chosen from the channel's
+    round trip and the step time (`groups_for`)."""
     if groups == 0:
         rtt = await channel_rtt_seconds(channel, metadata)
-        step = vector_step_seconds(env, spec) if rtt >= MIN_GROUPED_RTT_SECONDS else 0.0
-        groups = groups_for(rtt, step, env.num_envs)
+        groups = groups_for(rtt, step_seconds, num_envs)
         log.info("actor %s: round trip %.1f ms, vector step %.1f ms: %d env groups",
-                 actor_id, rtt * 1e3, step * 1e3, groups)
-    if groups == 1:
-        return [env]
-    num_envs = env.num_envs
-    env.close()
+                 actor_id, rtt * 1e3, step_seconds * 1e3, groups)
     return [make_vector_env(env_id, n, options=options) for n in group_sizes(num_envs, groups)]
 
 

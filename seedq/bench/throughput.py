@@ -187,7 +187,7 @@ def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 60.0) -> None:
+def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while len(actor_ids(learner.table.entries())) < num_actors:
         if time.monotonic() > deadline or all(p.poll() is not None for p in actors):

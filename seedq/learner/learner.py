@@ -486,6 +486,7 @@ class Learner:
             inference_busy_seconds=inference.busy_seconds, queue_held_seconds=inference.backpressure_seconds,
             server_thread_cpu_seconds=self.server_thread_cpu_seconds(),
             queue_put_unrolls=self.queue.put_unrolls, queue_dropped_unrolls=self.queue.dropped_unrolls,
+            actor_groups=table.max_groups,
             **interval,
         )
 
