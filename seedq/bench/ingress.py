@@ -214,7 +214,7 @@ def compute_cpu_seconds(learner, train: bool) -> float:
     """CPU seconds so far of the network's compute in this learner process:
     the server thread inside the jitted policy, XLA's worker threads, and
     (training) the training thread."""
-    training_ids = {t.native_id for t in learner._threads if t.name == "seedq-train"} if train else set()
+    training_ids = learner.training_thread_ids() if train else set()
     total = learner.inference.core.compute_cpu_seconds
     for tid, (name, seconds) in thread_cpu_seconds().items():
         if is_xla_worker(name) or tid in training_ids:
