@@ -228,6 +228,12 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
     load = ingress.IngressLoad(env_id="CartPole-v1", streams=256, envs_per_stream=16, seconds=1.0,
                                warmup_seconds=0.0, train=False, generators=1)
     result = ingress.run(load)
+    every_key = {"frames_per_second", "messages_per_second", "rtt_p50_ms", "rtt_p99_ms", "slots_served",
+                 "min_stream_frames_ratio", "learner_cpu_us_per_frame", "rss_bytes_per_slot",
+                 "generator_cpu_share"}
+    assert every_key <= result.keys()
+    assert set(result["learner_cpu_us_per_frame"]) == {"compute", "other"}
+    assert all(value is not None for value in result["learner_cpu_us_per_frame"].values())
     assert result["refused_streams"] == 0, result["refusal"]
     assert result["slots_served"] == 256 * 16
     assert result["min_stream_frames_ratio"] > 0
