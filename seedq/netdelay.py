@@ -21,13 +21,17 @@ import threading
 
 # Bytes read per chunk: one HTTP/2 frame of a large message or many small ones.
 READ_BYTES = 1 << 16
+# Bytes held per direction before the proxy stops reading (TCP's flow
+# control then holds the sender back, as a full link would).
+MAX_HELD_BYTES = 64 << 20
 
 
 async def _delayed_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
     """Copies `reader` to `writer`, each chunk `delay` seconds after it was read."""
     loop = asyncio.get_running_loop()
     chunks: collections.deque[tuple[float, bytes]] = collections.deque()
-    ready = asyncio.Event()
+    ready, room = asyncio.Event(), asyncio.Event()
+    held = [0]
 
     async def deliver() -> None:
         while True:
@@ -35,6 +39,8 @@ async def _delayed_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
                 ready.clear()
                 await ready.wait()
             due, data = chunks.popleft()
+            held[0] -= len(data)
+            room.set()
             if not data:  # the reading side closed: close ours once its bytes are out
                 break
             wait = due - loop.time()
@@ -48,7 +54,11 @@ async def _delayed_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     delivering = asyncio.create_task(deliver())
     try:
         while True:
+            while held[0] > MAX_HELD_BYTES:
+                room.clear()
+                await room.wait()
             data = await reader.read(READ_BYTES)
+            held[0] += len(data)
             chunks.append((loop.time() + delay, data))
             ready.set()
             if not data:
