@@ -261,3 +261,32 @@ def test_progress_line_and_summary_count_actors_and_their_groups():
     summary = summary_json(TrainConfig(), grouped, TargetRecord(), RunInfo(RunClock(0.0), 1, None, None, ()), stop_reason="max_seconds",
                            wall_seconds=1.0, segment_seconds=1.0, checkpoint="", evaluation=None)
     assert summary["actor_groups"] == 3
+
+
+@pytest.mark.e2e
+def test_the_actor_measures_the_channels_round_trip_with_health_pings_through_the_proxy():
+    import asyncio
+
+    import grpc
+
+    from seedq import channel as channel_lib
+    from seedq.actor.seed_actor import channel_rtt_seconds
+
+    one_way_ms = 15.0
+
+    async def measure() -> float:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        await channel_lib.add_health_service(server)
+        await server.start()
+        proxy = netdelay.DelayProxy(f"127.0.0.1:{port}", one_way_ms)
+        try:
+            delayed = await asyncio.get_running_loop().run_in_executor(None, proxy.start)
+            async with grpc.aio.insecure_channel(delayed) as channel:
+                return await channel_rtt_seconds(channel)
+        finally:
+            proxy.stop()
+            await server.stop(None)
+
+    # Every ping crosses the proxy both ways: none can be shorter than that.
+    assert asyncio.run(measure()) >= 2 * one_way_ms / 1000
