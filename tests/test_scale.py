@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from seedq import netdelay
-from seedq.actor.seed_actor import GROUP_SLACK, MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, group_sizes, groups_for
+from seedq.actor.groups import GROUP_SLACK, MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, group_sizes, groups_for
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 
@@ -270,7 +270,7 @@ def test_the_actor_measures_the_channels_round_trip_with_health_pings_through_th
     import grpc
 
     from seedq import channel as channel_lib
-    from seedq.actor.seed_actor import channel_rtt_seconds
+    from seedq.actor.groups import channel_rtt_seconds
 
     one_way_ms = 15.0
 
