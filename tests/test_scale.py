@@ -15,13 +15,18 @@ import time
 
 import numpy as np
 import pytest
+from queue_tap import QueueTap
 
 from seedq import netdelay
-from seedq.actor.groups import GROUP_SLACK, MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, group_sizes, groups_for
+from seedq.actor.groups import (
+    GROUP_SLACK,
+    MAX_GROUPS,
+    MIN_GROUPED_RTT_SECONDS,
+    group_sizes,
+    groups_for,
+)
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
-
-from queue_tap import QueueTap
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -161,13 +166,11 @@ def wait_until(predicate, what, learner, timeout=WAIT_SECONDS):
 
 
 def start_actor(address, tmp_path, actor_id, num_envs, groups):
-    log = open(tmp_path / f"{actor_id}.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", "CartPole-v1",
-         "--num-envs", str(num_envs), "--actor-id", actor_id, "--groups", str(groups)],
-        stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc
+    with open(tmp_path / f"{actor_id}.log", "wb") as log:  # the child keeps its own copy of the fd
+        return subprocess.Popen(
+            [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", "CartPole-v1",
+             "--num-envs", str(num_envs), "--actor-id", actor_id, "--groups", str(groups)],
+            stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.mark.e2e
@@ -246,6 +249,7 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
 @pytest.mark.unit
 def test_progress_line_and_summary_count_actors_and_their_groups():
     from fake_learner import learner_stats
+
     from seedq.learner.run_control import RunClock, TargetRecord
     from seedq.learner.sinks import RunInfo, Tick, progress_line, summary_json
     from seedq.learner.stats import ActorStats

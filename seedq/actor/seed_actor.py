@@ -308,8 +308,8 @@ async def run_actor(
                         envs = await group_envs(channel, metadata, env_id, num_envs, options, groups,
                                                  step_seconds, actor_id)
                         stats.groups = len(envs)
-                    serve_kwargs = dict(env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
-                                        skip_seconds=stats_skip_seconds)
+                    serve_kwargs = {"env_id": env_id, "seed": seed + 7919 * stats.connections, "stats": stats,
+                                    "skip_seconds": stats_skip_seconds}
                     if len(envs) == 1:
                         await connection(stub, envs[0], spec, actor_id=actor_id, num_envs=num_envs, **serve_kwargs)
                     else:

@@ -113,7 +113,6 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
     import grpc
 
     from seedq import channel as channel_lib
-    from seedq import schema
     from seedq.envs import env_spec
     from seedq.v1 import seed_pb2
     from seedq.wire import codec
@@ -185,7 +184,7 @@ def _generator(address, channel_config, stream_ids, recording_path, env_id, phas
 
     try:
         out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase)))
-    except BaseException as e:  # reported, not lost with the process
+    except Exception as e:  # reported, not lost with the process
         out.put({"error": f"{type(e).__name__}: {e}"})
 
 
