@@ -184,7 +184,7 @@ def _generator(address, channel_config, stream_ids, recording_path, env_id, phas
 
     try:
         out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase)))
-    except Exception as e:  # reported, not lost with the process
+    except Exception as e:  # noqa: BLE001 - reported to the parent, not lost with the process
         out.put({"error": f"{type(e).__name__}: {e}"})
 
 
