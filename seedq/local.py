@@ -64,6 +64,9 @@ def actor_command(
     cmd += config_flags(config.env_options, config_lib.EnvOptions)
     # The learner's token and keepalive settings (TLS is refused in local mode: see train()).
     cmd += config_flags(local_channel_config(config), config_lib.ActorChannelConfig)
+    if config.architecture != "impala":
+        # A deterministic run has one stream per actor: one order of batches.
+        cmd += ["--groups", "1" if config.deterministic else str(config.actor_groups)]
     if stats_file:
         cmd += ["--stats-file", stats_file, "--stats-skip-seconds", str(stats_skip_seconds)]
     if config.actor_cores:

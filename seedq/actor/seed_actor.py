@@ -33,6 +33,8 @@ from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing
 from seedq.wire import codec
+from seedq.actor.groups import group_envs, probe_env
+from seedq.wire.groups import group_stream_id
 from seedq.wire.metered import ByteCounter, MeteredStub
 from seedq import schema
 
@@ -83,6 +85,7 @@ class ActorStats:
     frames: int = 0
     steps: int = 0
     connections: int = 0
+    groups: int = 1  # env groups, one stream each (0 until chosen)
     env_seconds: float = 0.0
     wait_seconds: float = 0.0  # send + inference + receive, seen from the actor
     # Time split (seconds). SEED: inference = awaiting the learner's answer
@@ -144,6 +147,7 @@ class ActorStats:
             "frames": self.frames,
             "vector_steps": self.steps,
             "connections": self.connections,
+            "groups": self.groups,
             "seconds": elapsed,
             "frames_per_second": self.frames / elapsed if elapsed > 0 else 0.0,
             "env_seconds": self.env_seconds,
@@ -173,6 +177,27 @@ def channel_target(address: str) -> str:
     if address.startswith(("unix:", "unix-abstract:")) or ":" in address:
         return address
     raise ValueError(f"server address {address!r}: expected unix:/path/to.sock or host:port")
+
+
+async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, **kwargs):
+    """One stream per group, concurrently; the first to fail ends them all
+    (the actor then reconnects every group with fresh run ids). Group k's
+    envs are seeded as envs offset_k.. of one vector would be."""
+    offsets = np.cumsum([0] + [env.num_envs for env in envs])
+    tasks = [
+        asyncio.create_task(connection(
+            stub, env, spec, actor_id=group_stream_id(actor_id, k, len(envs)), num_envs=env.num_envs,
+            seed=seed + int(offsets[k]), **kwargs))
+        for k, env in enumerate(envs)
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _serve_one_connection(
@@ -241,6 +266,7 @@ async def run_actor(
     options: EnvOptions = EnvOptions(),
     connection=None,
     channel_config: ActorChannelConfig = ActorChannelConfig(),
+    groups: int = 1,
 ) -> ActorStats:
     """Runs until cancelled, `max_seconds` elapse, the learner says the run
     ended (returns, `stats.run_ended` set), or the learner refuses us.
@@ -252,11 +278,23 @@ async def run_actor(
     actor passes its own) with the keyword arguments of `_serve_one_connection`.
     `channel_config` sets TLS, the token and keepalive; a refusal of those
     credentials is a FatalActorError (retrying cannot fix it).
+    `groups`: the env groups, one stream each (0: chosen at the first
+    connection from the channel's round trip and the env step time; always
+    1 on a unix socket).
     """
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
-    env = make_vector_env(env_id, num_envs, options=options)
-    spec = schema.spec_from_spaces(env.single_observation_space, env.single_action_space)
+    if groups == 0 and address.startswith(("unix:", "unix-abstract:")):
+        groups = 1  # a socket on this host: no network round trip to hide
+    envs, step_seconds = None, 0.0
+    if groups == 1:
+        envs = [make_vector_env(env_id, num_envs, options=options)]
+        spec = schema.spec_from_spaces(envs[0].single_observation_space, envs[0].single_action_space)
+    else:
+        # The groups' envs are made once their count is known; a one-env
+        # probe gives the spec and, for the automatic count, the step time.
+        spec, step_seconds = probe_env(env_id, num_envs, options, timed=groups == 0)
+    stats.groups = groups
     backoff, disconnected_since = 0.05, time.monotonic()
     # Local actors (parent_pid: their learner is starting beside them) stay
     # quiet for the first interval; an actor started by hand says so soon.
@@ -273,11 +311,17 @@ async def run_actor(
                     # A fresh episode seed per connection made, so a restart
                     # does not replay the same episodes (attempts that found no
                     # learner do not count: the first episodes follow the seed alone).
-                    await connection(
-                        stub, env, spec, actor_id=actor_id, num_envs=num_envs,
-                        env_id=env_id, seed=seed + 7919 * stats.connections, stats=stats,
-                        skip_seconds=stats_skip_seconds,
-                    )
+                    if envs is None:
+                        envs = await group_envs(channel, metadata, env_id, num_envs, options, groups,
+                                                 step_seconds, actor_id)
+                        stats.groups = len(envs)
+                    serve_kwargs = {"env_id": env_id, "seed": seed + 7919 * stats.connections, "stats": stats,
+                                    "skip_seconds": stats_skip_seconds}
+                    if len(envs) == 1:
+                        await connection(stub, envs[0], spec, actor_id=actor_id, num_envs=num_envs, **serve_kwargs)
+                    else:  # (the first group told that the run ended ends them all)
+                        await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
+                                            **serve_kwargs)
                 except codec.RunEnded as e:
                     stats.run_ended = e.stop_reason
                     print(f"actor {actor_id}: {e}; stopping", file=sys.stderr, flush=True)
@@ -321,7 +365,8 @@ async def run_actor(
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
     finally:
-        env.close()
+        for each in envs or []:
+            each.close()
 
 
 def learner_may_still_come(parent_pid: int) -> bool:
@@ -366,6 +411,11 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
     stats = ActorStats()
     actor_id = actor_name(args)
     channel_config = config_from_args(args, ActorChannelConfig)
+    groups = getattr(args, "groups", 1)
+    if not 0 <= groups <= max(args.num_envs, 1):
+        print(f"{prog}: --groups {groups}: must be 0 (automatic) to --num-envs ({args.num_envs})",
+              file=sys.stderr, flush=True)
+        return 2
     try:
         channel_config.validate()
         # Credential files are read now: a bad path is a one-line error, not a retry loop.
@@ -396,6 +446,7 @@ def main(args, connection=None, prog: str = "seedq actor") -> int:
             retry_max_seconds=args.retry_max_seconds, parent_pid=parent_pid, stats=stats,
             stats_skip_seconds=args.stats_skip_seconds, connection=connection,
             options=config_from_args(args, EnvOptions), channel_config=channel_config,
+            groups=groups,
         )
         if args.max_seconds:
             try:

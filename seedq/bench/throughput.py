@@ -59,19 +59,27 @@ def raw_stepping_fps(env_id: str, num_actors: int, envs_per_actor: int, seconds:
     return float(sum(rates))
 
 
-def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> dict:
+def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_ms: float | None = None) -> dict:
     """The SEED loop's frames/s for a validated TrainConfig (env, actors,
-    envs per actor, devices, server)."""
+    envs per actor, devices, server). `rtt_ms`: None, a unix socket (as
+    `seedq train`); a number, loopback TCP through the delaying proxy
+    (`seedq.netdelay`) with that round trip added (0: the same path, no delay)."""
+    from seedq import netdelay
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 
     num_actors = config.num_actors
     with tempfile.TemporaryDirectory(prefix="seedq-bench-") as stats_dir:
-        address = default_address()
-        actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
-        learner = Learner(config, address)
+        proxy, actors = None, []
+        if rtt_ms is None:
+            address = default_address()
+            actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
+        learner = Learner(config, address if rtt_ms is None else "127.0.0.1:0")
         try:
-            learner.start(train=train)
+            address = learner.start(train=train)
+            if rtt_ms is not None:  # the proxy needs the learner's port; the actors, the proxy's
+                proxy, address = netdelay.start_process(address, rtt_ms / 2)
+                actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
             _wait_for_actors(learner, num_actors, actors)
             time.sleep(warmup_seconds)
             _wait_for_batching_choice(learner.inference.batching)
@@ -99,8 +107,12 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
             greedy_batches = stats.greedy_batches - g0
             batching = learner.inference.batching
             split = learner.devices.describe()
+            groups = actor_groups(learner.table.entries())
         finally:
             stop_processes(actors)
+            if proxy is not None:
+                proxy.terminate()
+                proxy.join(timeout=10)
             learner.stop()
         actor_stats = [read_json(os.path.join(stats_dir, f"actor-{i}.json")) for i in range(num_actors)]
     rtts_p50 = [s["rtt_p50_ms"] for s in actor_stats if s and s["rtt_p50_ms"] is not None]
@@ -113,6 +125,8 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool) -> di
     thread_busy = thread_cpu / elapsed if thread_cpu is not None else None
     return {
         "system_fps": frames / elapsed,
+        # Env groups (streams) per actor, as connected in the window.
+        "actor_groups": groups,
         "trained_fps": train_steps * config.new_frames_per_train_step / elapsed,
         "bottleneck": bottleneck_of(train, held_share, inference_share, thread_busy,
                                     dropped / frames if frames else 0.0),
@@ -172,14 +186,27 @@ def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 60.0) -> None:
+def _wait_for_actors(learner, num_actors: int, actors, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while learner.table.num_connected < num_actors:
+    while len(actor_ids(learner.table.entries())) < num_actors:
         if time.monotonic() > deadline or all(p.poll() is not None for p in actors):
             raise RuntimeError(
                 f"only {learner.table.num_connected}/{num_actors} actors connected within {timeout:.0f}s"
             )
         time.sleep(0.05)
+
+
+def actor_ids(entries) -> set[str]:
+    """The actors behind connected streams: a group's stream `<id>/g<k>` is actor `<id>`'s."""
+    from seedq.wire.groups import actor_of
+
+    return {actor_of(entry.actor_id) for entry in entries}
+
+
+def actor_groups(entries) -> float:
+    """Streams per actor among connected entries (1.0 without groups; 0 without any)."""
+    actors = actor_ids(entries)
+    return len(entries) / len(actors) if actors else 0.0
 
 
 def read_json(path: str) -> dict | None:
@@ -201,6 +228,8 @@ def run(
     devices=None,
     server=None,
     base=None,
+    rtt_ms: float | None = None,
+    actor_groups: int | None = None,
 ) -> dict:
     """`devices`: a `DevicesConfig` split for the learner (default: auto);
     `server`: the learner's `ServerConfig` (default: the base's, the env's defaults);
@@ -215,16 +244,21 @@ def run(
     config = dataclasses.replace(
         base, env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor,
         devices=devices or base.devices, server=server or base.server,
+        actor_groups=base.actor_groups if actor_groups is None else actor_groups,
     )
+    if rtt_ms is not None and rtt_ms < 0:
+        raise ValueError(f"--rtt-ms: {rtt_ms:g} must not be negative")
     config.validate()  # bad flags are refused before the raw phase spends its seconds
     raw = raw_stepping_fps(env_id, num_actors, envs_per_actor, seconds)
-    system = system_fps(config, seconds, warmup_seconds, train)
+    system = system_fps(config, seconds, warmup_seconds, train, rtt_ms)
     return {
         "env": env_id,
         "actors": num_actors,
         "envs_per_actor": envs_per_actor,
         "seconds": seconds,
         "training": train,
+        # None: a unix socket; else the round trip the proxy added on loopback TCP.
+        "rtt_ms": rtt_ms,
         "agent": config.agent,
         "server.queue_full": config.server.queue_full,
         **learner_fields(config),

@@ -61,6 +61,12 @@ def add_actor_flags(actor: argparse.ArgumentParser) -> None:
 def add_parsers(sub) -> None:
     actor = sub.add_parser("actor", help="run one SEED actor process against a learner")
     add_actor_flags(actor)
+    actor.add_argument(
+        "--groups", type=int, default=0,
+        help="env groups, one stream each, that take turns so that envs step while other groups' "
+        "actions travel (docs/wire.md); 0: 1 on a unix socket or below a 2 ms round trip, else "
+        "chosen from the round trip (health-service pings) and the env step time",
+    )
     impala = sub.add_parser(
         "impala-actor",
         help="run one IMPALA actor (local policy copy, pulls parameters, pushes unrolls) "

@@ -1,4 +1,4 @@
-"""`seedq bench throughput | stuck | soak | suite | inference | learner | device`: the benchmarks."""
+"""`seedq bench throughput | ingress | stuck | soak | suite | inference | learner | device`: the benchmarks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def add_parsers(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_throughput(bench_sub)
+    _add_ingress(bench_sub)
     _add_stuck(bench_sub)
     _add_soak(bench_sub)
     _add_suite(bench_sub)
@@ -38,6 +39,11 @@ def _add_throughput(bench_sub) -> None:
     tp.add_argument("--seconds", type=float, default=10.0, help="measurement window per phase")
     tp.add_argument("--warmup-seconds", type=float, default=3.0, help="seconds run before measuring")
     tp.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
+    tp.add_argument("--rtt-ms", type=float, default=None,
+                    help="run the actors over loopback TCP through a proxy that adds this round trip "
+                    "(0: the same path, no delay; default: a unix socket, as seedq train)")
+    tp.add_argument("--actor-groups", type=int, default=None,
+                    help="env groups per actor (default: the actors choose; actor_groups)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(tp, config_lib.DevicesConfig, "devices.")
     add_config_flags(tp, config_lib.ServerConfig, "server.")
@@ -45,6 +51,34 @@ def _add_throughput(bench_sub) -> None:
     tp.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
     add_config_flags(tp, config_lib.VTraceConfig, "vtrace.")
     add_config_flags(tp, config_lib.R2D2Config, "r2d2.")
+
+
+def _add_ingress(bench_sub) -> None:
+    ingress = bench_sub.add_parser(
+        "ingress",
+        help="what one learner takes in: load-generator streams replaying recorded env steps to a real "
+        "learner; frames and messages/s, round trips, fairness, the learner's CPU per frame (network "
+        "compute vs the rest) and memory per env slot",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ingress.add_argument("--env", default="CartPole-v1", help="the env whose recorded steps are replayed")
+    ingress.add_argument("--streams", type=int, default=16, help="actor streams (one connection each)")
+    ingress.add_argument("--envs-per-stream", type=int, default=16, help="envs each stream carries")
+    ingress.add_argument("--seconds", type=float, default=10.0, help="measurement window")
+    ingress.add_argument("--warmup-seconds", type=float, default=3.0,
+                         help="seconds served after every stream connected, before measuring")
+    ingress.add_argument("--no-train", action="store_true", help="serve inference only (no learner updates)")
+    ingress.add_argument("--rtt-ms", type=float, default=0.0,
+                         help="round trip added by a delaying TCP proxy between generators and learner")
+    ingress.add_argument("--generators", type=int, default=2, help="load-generator processes sharing the streams")
+    ingress.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
+                         help="tcp: 127.0.0.1 loopback; unix: a unix socket")
+    ingress.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(ingress, config_lib.DevicesConfig, "devices.")
+    add_config_flags(ingress, config_lib.ServerConfig, "server.")
+    ingress.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
+    add_config_flags(ingress, config_lib.VTraceConfig, "vtrace.")
+    add_config_flags(ingress, config_lib.R2D2Config, "r2d2.")
 
 
 def _add_learner(bench_sub) -> None:
@@ -326,9 +360,36 @@ def _throughput(args: argparse.Namespace) -> int:
             devices=config_from_args(args, config_lib.DevicesConfig, "devices.", base.devices),
             server=config_from_args(args, config_lib.ServerConfig, "server.", base.server),
             base=base,
+            rtt_ms=args.rtt_ms,
+            actor_groups=args.actor_groups,
         )
     except (ValueError, RuntimeError) as e:
         print(f"seedq bench throughput: {e}", file=sys.stderr)
+        return 1
+    return _print_result(result, args.json)
+
+
+def _ingress(args: argparse.Namespace) -> int:
+    from seedq.bench import ingress
+
+    try:
+        base = _agent_config(args)
+        load = ingress.IngressLoad(
+            env_id=args.env, streams=args.streams, envs_per_stream=args.envs_per_stream,
+            seconds=args.seconds, warmup_seconds=args.warmup_seconds, train=not args.no_train,
+            rtt_ms=args.rtt_ms, generators=args.generators, transport=args.transport,
+        )
+        load.validate()
+        result = ingress.run(
+            load, base=base,
+            server=config_from_args(args, config_lib.ServerConfig, "server.", base.server),
+            devices=config_from_args(args, config_lib.DevicesConfig, "devices.", base.devices),
+        )
+    except ValueError as e:
+        print(f"seedq bench ingress: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"seedq bench ingress: {e}", file=sys.stderr)
         return 1
     return _print_result(result, args.json)
 
@@ -382,6 +443,7 @@ def _print_result(result: dict, as_json: bool) -> int:
 
 _RUNS = {
     "inference": _inference, "soak": _soak, "suite": _suite, "stuck": _stuck, "throughput": _throughput,
+    "ingress": _ingress,
     "learner": _learner, "device": _device,
 }
 

@@ -57,6 +57,12 @@ class TrainConfig:
     # Local actor processes are pinned to these CPU cores ("0", "0-1", "0,2";
     # Linux); empty: not pinned. Comparisons give every configuration the same cores.
     actor_cores: str = ""
+    # Each actor's envs form this many groups, one stream each, that take
+    # turns: one group steps while the others' actions are on their way, which
+    # hides a network's round trip (docs/wire.md "Actor groups"). 0: the actor
+    # chooses (1 on a unix socket, under `deterministic`, and below a 2 ms
+    # round trip; otherwise from the round trip and its env step time).
+    actor_groups: int = 0
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
     frame_stack: int = 4
@@ -169,7 +175,13 @@ class TrainConfig:
             "stats_every_seconds": self.stats_every_seconds,
             "max_seconds": self.max_seconds,
             "max_frames": self.max_frames,
+            "actor_groups": self.actor_groups,
         })
+        if self.actor_groups > self.envs_per_actor:
+            raise ValueError(f"actor_groups={self.actor_groups} exceeds envs_per_actor={self.envs_per_actor} "
+                             "(every group steps at least one env)")
+        if self.actor_groups > 1 and self.architecture == "impala":
+            raise ValueError("actor_groups applies to architecture=seed (IMPALA actors stream unrolls, not steps)")
 
     def _validate_queue(self) -> None:
         """The server's unroll queue holds what one train step takes."""
@@ -195,6 +207,9 @@ class TrainConfig:
                 raise ValueError(f"deterministic=true needs {name}={needed!r} (got {value!r})")
         if self.distributed.explicit or self.distributed.num_processes > 1:
             raise ValueError("deterministic=true runs on one learner process (no distributed.*)")
+        if self.actor_groups > 1:
+            raise ValueError(f"deterministic=true needs actor_groups 0 or 1 (got {self.actor_groups}): "
+                             "groups answered in varying order would change the batches")
 
     def _validate_devices(self) -> None:
         """The training batch splits evenly over the devices and the processes."""

@@ -404,7 +404,8 @@ def _actor_steps(config: TrainConfig, opts: VmOptions, address: str) -> list[Ste
               *(["--provisioning-model=SPOT"] if opts.spot else []), *project)),
         Step(("gcloud", "compute", "instance-groups", "managed", "create", f"{opts.name}-actors",
               f"--template={opts.name}-actor", f"--size={actor_vms(config, opts)}", *scope),
-             comment=f"{config.num_actors} actor processes: {actor_vms(config, opts)} VMs of "
+             comment=f"{config.num_actors} actor processes (--num-actors; docs/scaling.md gives the count "
+                     f"one learner can feed): {actor_vms(config, opts)} VMs of "
                      f"{opts.actor_processes_per_vm}. Scale with: gcloud compute instance-groups managed "
                      f"resize {opts.name}-actors --size=N --zone={opts.zone}"),
     ]

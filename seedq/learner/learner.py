@@ -237,6 +237,10 @@ class Learner:
         self._threads.append(consumer)
         return self.address
 
+    def training_thread_ids(self) -> set[int]:
+        """Native ids of the thread that trains (or, without training, drains) the unroll queue."""
+        return {t.native_id for t in self._threads if t.name == "seedq-train"}
+
     def server_thread_cpu_seconds(self) -> float | None:
         """CPU seconds the server thread (gRPC, batching, inference) has used so
         far; None before start() or where the OS has no per-thread CPU clock."""
@@ -484,6 +488,7 @@ class Learner:
             inference_busy_seconds=inference.busy_seconds, queue_held_seconds=inference.backpressure_seconds,
             server_thread_cpu_seconds=self.server_thread_cpu_seconds(),
             queue_put_unrolls=self.queue.put_unrolls, queue_dropped_unrolls=self.queue.dropped_unrolls,
+            actor_groups=table.max_groups,
             **interval,
         )
 

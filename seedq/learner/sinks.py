@@ -125,6 +125,13 @@ def time_left(config: TrainConfig, tick: Tick) -> float | None:
     return min(left) if left else None
 
 
+def actors_text(s: LearnerStats) -> str:
+    """"3 actors", or with env groups (docs/wire.md) "3 actors x4 groups"."""
+    if s.actor_groups <= 1:
+        return f"{s.num_connected} actors"
+    return f"{s.num_actor_processes} actors x{s.actor_groups} groups"
+
+
 def progress_line(config: TrainConfig, tick: Tick) -> str:
     """One line of at most PROGRESS_COLUMNS characters: time (and the time left
     with a budget: `time_left`), frames and their
@@ -144,7 +151,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     line = (
         f"[{clock}] {short_count(s.frames)} fr {tick.frames_per_second / 1e3:.1f}k/s "
         f"| return {ret} | {short_count(s.train_steps)} steps {tick.steps_per_second:.0f}/s "
-        f"| {s.num_connected} actors{devices_text(s.devices)}"
+        f"| {actors_text(s)}{devices_text(s.devices)}"
     )[:PROGRESS_COLUMNS]  # (only counters past any real run's reach make it longer)
     loss, entropy = metrics.get("loss/total"), metrics.get("policy/entropy")
     std = metrics.get("policy/std")  # Box actions
@@ -367,6 +374,8 @@ def summary_json(
         # What failed, for stop_reason learner_error (None otherwise).
         "error": error,
         "actor_runs": stats.actor_runs_started,
+        # The most env groups (streams) one actor had open at once (docs/wire.md "Actor groups").
+        "actor_groups": stats.actor_groups,
         "mean_inference_batch": stats.mean_inference_batch,
         # Which capacity set this segment's rate: env, inference, training or
         # transport (seedq.learner.bottleneck; as `seedq bench throughput --json`).

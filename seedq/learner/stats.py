@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from seedq.wire.groups import actor_of
+
 
 @dataclasses.dataclass(frozen=True)
 class ActorStats:
@@ -94,10 +96,17 @@ class LearnerStats:
     server_thread_cpu_seconds: float | None = None
     queue_put_unrolls: int = 0
     queue_dropped_unrolls: int = 0  # server.queue_full drop_oldest
+    # The most env groups (streams) one actor has had open at once (docs/wire.md "Actor groups").
+    actor_groups: int = 0
 
     @property
     def num_connected(self) -> int:
         return len(self.actors)
+
+    @property
+    def num_actor_processes(self) -> int:
+        """Connected actors, each counted once however many groups it streams."""
+        return len({actor_of(a.actor_id) for a in self.actors})
 
 
 @dataclasses.dataclass(frozen=True)

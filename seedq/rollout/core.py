@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import jax
 import numpy as np
@@ -149,6 +150,10 @@ class ActingCore:
                                      initial_only=initial_only, capacity=capacity)
         self._num_slots = -1
         self.ensure_capacity(capacity)
+        # CPU seconds of the calling thread inside the jitted policy, its
+        # dispatch and the wait for its outputs (`seedq bench ingress` splits
+        # the learner's CPU per frame into this and everything else).
+        self.compute_cpu_seconds = 0.0
 
     def warm_up(self, params, rng, obs_example: np.ndarray, size: int):
         """A function that compiles `act`'s program for batches of `size` (a
@@ -232,6 +237,7 @@ class ActingCore:
         core_before = {name: table[slots] for name, table in self.core.items()}
         inputs = {k: v[slots] for k, v in self.inputs.items()}
         chunk = n if not max_rows or n <= max_rows else max_rows
+        computing = time.thread_time()
         parts = []
         for start in range(0, n, chunk):
             rows = slice(start, min(n, start + chunk))
@@ -251,6 +257,7 @@ class ActingCore:
             actions = np.concatenate([np.asarray(p[0])[:p[3]] for p in parts])
             outputs = {k: np.concatenate([np.asarray(p[1][k])[:p[3]] for p in parts]) for k in parts[0][1]}
             new_core = {k: np.concatenate([np.asarray(p[2][k])[:p[3]] for p in parts]) for k in parts[0][2]}
+        self.compute_cpu_seconds += time.thread_time() - computing
         for name, table in self.core.items():
             table[slots] = new_core[name]
         result = StepResult(actions, first, slots[ended], returns[ended], lengths[ended], None)

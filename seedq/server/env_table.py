@@ -21,6 +21,7 @@ import numpy as np
 
 from seedq.host_memory import memory_bytes
 from seedq.wire.codec import SLOT_BUDGET_MARKER
+from seedq.wire.groups import actor_of
 
 
 @dataclasses.dataclass(eq=False)
@@ -130,6 +131,8 @@ class EnvTable:
         self.runs_started = 0
         self.runs_dropped = 0
         self.frames = 0
+        # The most env groups (streams, docs/wire.md) one actor has had open at once in this run.
+        self.max_groups = 0
 
     @property
     def num_slots(self) -> int:
@@ -165,7 +168,12 @@ class EnvTable:
         entry = ActorEntry(actor_id, run_id, num_envs, first_slot)
         self._actors[actor_id] = entry
         self.runs_started += 1
+        self.max_groups = max(self.max_groups, self._open_groups(actor_of(actor_id)))
         return entry, old
+
+    def _open_groups(self, actor: str) -> int:
+        """Open streams of `actor`'s groups (a restart or connect is rare: a scan is cheap)."""
+        return sum(1 for stream_id in self._actors if actor_of(stream_id) == actor)
 
     def release(self, entry: ActorEntry) -> np.ndarray | None:
         """Marks the entry closed and frees its slots; returns them (None if already closed)."""

@@ -1,0 +1,107 @@
+"""Actor groups (docs/wire.md "Actor groups"): how many groups an actor's
+envs form, from the channel's round trip and the env's step time, and the
+vector env of each group. `seed_actor` streams each group on its own."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from seedq import schema
+from seedq.envs import make_vector_env
+
+log = logging.getLogger("seedq.actor")
+
+# Actor groups (docs/wire.md "Actor groups"): below this round trip a second
+# group gains less than its extra messages cost the learner, so local runs
+# keep one stream per actor, as before.
+MIN_GROUPED_RTT_SECONDS = 0.002
+# More groups than this add messages without hiding more of the round trip.
+MAX_GROUPS = 8
+# Groups are added until an actor's cycle is at most this factor above the
+# better of stepping alone or the round trip alone (`groups_for`).
+GROUP_SLACK = 1.25
+# Health-service pings that measure the channel's round trip (after one that
+# may include connecting).
+RTT_PINGS = 5
+# Steps of one env, random actions, that time stepping before choosing groups.
+TIMED_STEPS = 20
+
+def group_sizes(num_envs: int, groups: int) -> list[int]:
+    """How `num_envs` envs split into `groups` groups: as evenly as possible, the larger first."""
+    return [len(part) for part in np.array_split(np.arange(num_envs), groups)]
+
+
+def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int) -> int:
+    """The automatic group count. With G groups taking turns, one group's
+    cycle is the round trip r plus its share s/G of the vector step s, and
+    the actor's cycle can never beat max(s, r) (its CPU, or the network):
+    the fewest groups whose cycle r + s/G is within GROUP_SLACK of that
+    bound. One group below MIN_GROUPED_RTT_SECONDS, and where stepping is so
+    cheap against the round trip that groups would add messages and gain
+    nothing; at most MAX_GROUPS and one env per group."""
+    if rtt_seconds < MIN_GROUPED_RTT_SECONDS or step_seconds <= 0:
+        return 1
+    room = GROUP_SLACK * max(step_seconds, rtt_seconds) - rtt_seconds
+    wanted = math.ceil(step_seconds / room - 1e-9)  # 4.0000001 is 4 groups
+    return max(1, min(num_envs, MAX_GROUPS, wanted))
+
+
+async def channel_rtt_seconds(channel, metadata=None, pings: int = RTT_PINGS) -> float:
+    """The channel's round trip: the shortest of `pings` gRPC health Checks
+    on it (not a StepBatch's, which includes batching and inference). The
+    shortest, not the median: a busy host only ever adds to a ping, and a
+    loopback proxy on a loaded machine gave medians over 2 ms."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(channel)
+    request = health_pb2.HealthCheckRequest(service="")
+    await stub.Check(request, metadata=metadata)  # may connect: not timed
+    times = []
+    for _ in range(pings):
+        sent = time.perf_counter()
+        await stub.Check(request, metadata=metadata)
+        times.append(time.perf_counter() - sent)
+    return min(times)
+
+
+def vector_step_seconds(env, spec, steps: int = TIMED_STEPS, seed: int = 0) -> float:
+    """Median seconds of one step of the whole vector env under random actions
+    (the connection resets it afterwards)."""
+    from seedq.envs import random_actions
+
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    times = []
+    for _ in range(steps):
+        actions = random_actions(spec, env.num_envs, rng)
+        started = time.perf_counter()
+        env.step(actions)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def probe_env(env_id: str, num_envs: int, options, timed: bool) -> tuple[schema.EnvSpec, float]:
+    """(spec, estimated seconds of one step of `num_envs` envs; 0 unless
+    `timed`) from one env: making a whole vector env twice would double the
+    actor's start-up (over 15 s for 32 Atari envs on a loaded machine)."""
+    probe = make_vector_env(env_id, 1, options=options)
+    try:
+        spec = schema.spec_from_spaces(probe.single_observation_space, probe.single_action_space)
+        return spec, vector_step_seconds(probe, spec) * num_envs if timed else 0.0
+    finally:
+        probe.close()
+
+
+async def group_envs(channel, metadata, env_id, num_envs, options, groups, step_seconds, actor_id) -> list:
+    """The vector env of each group. `groups` 0: chosen from the channel's
+    round trip and the step time (`groups_for`)."""
+    if groups == 0:
+        rtt = await channel_rtt_seconds(channel, metadata)
+        groups = groups_for(rtt, step_seconds, num_envs)
+        log.info("actor %s: round trip %.1f ms, vector step %.1f ms: %d env groups",
+                 actor_id, rtt * 1e3, step_seconds * 1e3, groups)
+    return [make_vector_env(env_id, n, options=options) for n in group_sizes(num_envs, groups)]
