@@ -235,9 +235,9 @@ def min_stream_ratio(frames_per_stream: list[int]) -> float:
 def learner_config(load: IngressLoad, base=None, server=None, devices=None):
     import dataclasses as dc
 
-    from seedq.flags import env_defaults
+    from seedq.envs import run_defaults
 
-    base = base if base is not None else env_defaults(load.env_id)
+    base = base if base is not None else run_defaults(load.env_id)
     config = dc.replace(base, env=load.env_id, num_actors=load.streams, envs_per_actor=load.envs_per_stream,
                         server=server or base.server, devices=devices or base.devices)
     config.validate()
