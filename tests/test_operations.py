@@ -206,13 +206,15 @@ def test_eval_of_the_solved_checkpoint_with_video(sigkilled_run, tmp_path):
 def local_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("local") / "run"
     first = subprocess.Popen(
-        # A tenth of the default rate keeps the policy unsolved however many
-        # steps a fast machine trains before the kill, so the eval test's greedy
-        # returns differ per episode seed (at the default rate a quiet machine
-        # solved CartPole first, and every episode returned 500).
+        # How many steps train before the kill depends on the machine's speed,
+        # so the policy must not depend on them: at a learning rate of 1e-9
+        # (Adam moves each parameter by ~1e-9 a step) the greedy policy stays
+        # the initial network's, an unsolved one whose returns differ per
+        # episode seed, which the eval test needs (a solved policy returns 500
+        # in every episode, whatever the seed).
         [sys.executable, "-m", "seedq.cli", "train", "--logdir", str(run), "--max-frames", "2000000",
          "--target-return", "none", "--checkpoint-every-seconds", "1", "--eval-episodes", "5",
-         "--log-every-seconds", "0.5", "--vtrace.learning-rate", "1e-4"],
+         "--log-every-seconds", "0.5", "--vtrace.learning-rate", "1e-9"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
