@@ -116,9 +116,9 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert [r["seed"] for r in csv.DictReader(open(out / "results.csv"))] == ["0", "1"]
     planned = suite.run_config(TrainConfig(num_actors=1, envs_per_actor=4, eval_episodes=2), "CartPole-v1", 1,
                                2000, str(out))
-    assert suite.resumable(planned)
+    assert suite.why_not_resumable(planned) is None
     other = dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=planned.vtrace.reuse + 1))
-    assert not suite.resumable(other)
+    assert suite.why_not_resumable(other) is not None
     # Why it starts again is said, naming the setting.
     assert suite.why_not_resumable(other) == (
         f"ran with other settings (vtrace.reuse: {planned.vtrace.reuse} -> {planned.vtrace.reuse + 1})")
@@ -168,7 +168,7 @@ def _suite_with_a_run_in_progress(tmp_path):
 def _assert_stopped_resumable(run_dir):
     assert _processes_mentioning(str(run_dir)) == []
     saved = json.loads((run_dir / "config.json").read_text())
-    assert suite.resumable(from_saved(saved))
+    assert suite.why_not_resumable(from_saved(saved)) is None
     assert not suite.finished(from_saved(saved))
 
 

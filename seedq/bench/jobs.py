@@ -257,10 +257,6 @@ def finished(config: TrainConfig) -> bool:
     )
 
 
-def resumable(config: TrainConfig) -> bool:
-    return why_not_resumable(config) is None
-
-
 def why_not_resumable(config: TrainConfig) -> str | None:
     """None when an unfinished earlier attempt at `config` (a stopped or killed
     suite) left a checkpoint to continue from and ran with this very config;

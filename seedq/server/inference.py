@@ -92,7 +92,6 @@ class InferenceStats:
     # Actor messages answered (one vector step of one actor each; a batch joins several).
     requests: int = 0
     env_steps: int = 0
-    padded_steps: int = 0
     busy_seconds: float = 0.0
     # Waits for the learner: for room in a full unroll queue, and pacing's.
     backpressure_seconds: float = 0.0
@@ -442,5 +441,4 @@ class InferenceServer:
         self.stats.greedy_batches += greedy
         self.stats.requests += len(batch)
         self.stats.env_steps += n
-        self.stats.padded_steps += size * -(-n // size)
         return result.actions, version, pending
