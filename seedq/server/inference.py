@@ -379,7 +379,8 @@ class InferenceServer:
         # event loop lets their stream handlers send the actions, so the actors
         # step their envs while this thread writes the unroll store (the next
         # batch still waits for it). Backpressure holds: a full queue stops the
-        # next batch, one step later than before.
+        # next batch, one step later than if the step were recorded before the
+        # answers.
         self._unrecorded = pending
         await asyncio.sleep(0)
         self._record_answered()
