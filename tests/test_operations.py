@@ -443,6 +443,25 @@ def test_docs_are_generated_from_the_code():
     assert docs.main(["--check", "--root", str(REPO)]) == 0, "regenerate with: python -m seedq.docs"
 
 
+# docs/ is reference, not history: what it may hold (issue 63).
+DOCS_BYTES = 3 * 2**20
+DOCS_PAGE_LINES = 400
+
+
+def test_docs_stay_within_their_budget():
+    """docs/ holds at most 3 MiB of tracked files and no hand-written page of
+    more than 400 lines (cli.md and config.md are generated)."""
+    listed = subprocess.run(["git", "ls-files", "docs"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: no tracked files to measure")
+    files = [REPO / name for name in listed.stdout.splitlines()]
+    assert sum(f.stat().st_size for f in files if f.exists()) <= DOCS_BYTES
+    generated = {REPO / "docs" / "cli.md", REPO / "docs" / "config.md"}
+    long_pages = {str(f.relative_to(REPO)): n for f in files if f.suffix == ".md" and f not in generated
+                  and (n := len(f.read_text().splitlines())) > DOCS_PAGE_LINES}
+    assert not long_pages, long_pages
+
+
 def test_quickstart_notebook_executes(tmp_path, monkeypatch, run_notebook):
     # A fixed amount of work, not of time: a busy CI machine once spent 15 s
     # starting up, and the run stopped before any episode had ended.
