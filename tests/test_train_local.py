@@ -51,12 +51,14 @@ def test_many_envs_whose_unrolls_do_not_divide_into_batches_keep_training(tmp_pa
     """One actor of 250 envs finishes 250 unrolls in one inference batch; the
     learner takes 16 at a time from a queue of 256. A queue that
     let a chunk in only if it fit deadlocked: 10 left, 250 more did not fit, and the
-    learner waited for 16 for ever (stuck at 5,250 frames). Bounded by
-    --max-seconds: a stuck run ends 'max_seconds', not 'max_frames'."""
+    learner waited for 16 for ever (stuck at 5,250 frames). Bounded by frames
+    alone, so a slow machine only takes longer; a stuck run never ends and
+    fails on the command's timeout."""
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "250",
-        "--max-frames", "40000", "--max-seconds", "150", "--target-return", "none", "--logdir", str(logdir),
+        "--max-frames", "40000", "--max-seconds", "0", "--target-return", "none", "--logdir", str(logdir),
+        timeout=500,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
