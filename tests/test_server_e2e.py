@@ -36,6 +36,7 @@ from seedq.wire import codec
 from seedq import schema
 
 from queue_tap import QueueTap
+from serving import held_steps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -68,7 +69,6 @@ import numpy as np
 from seedq.v1 import seed_pb2_grpc
 from seedq.wire import codec
 from seedq import schema
-from serving import held_steps
 
 CARTPOLE = schema.EnvSpec("float32", (4,), num_actions=2)
 
