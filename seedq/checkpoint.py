@@ -205,7 +205,10 @@ class CheckpointWriter:
         )
         self._replay_written = False  # a save with a replay has started; older ones await pruning
         # Tests set this to a function of a stage name that raises, to stop a
-        # save there the way a kill would (`STAGES`).
+        # save there the way a kill would: "before_write" (nothing written),
+        # "staged" (a final save's replacement complete, not swapped in),
+        # "written" (the new step complete, older ones not pruned) and
+        # "pruning" (between the replays of older steps as they are pruned).
         self.fault_hook = None
 
     def _stage(self, name: str) -> None:
@@ -308,13 +311,6 @@ class CheckpointWriter:
         self._manager.close()
         if _is_primary():
             empty_trash(self.directory)
-
-
-# Where a save can be stopped (CheckpointWriter.fault_hook): before anything is
-# written, once the replacement of a final save is complete but not swapped in,
-# once the new step is complete but older ones are not pruned, and between
-# the replays of older steps as they are pruned.
-STAGES = ("before_write", "staged", "written", "pruning")
 
 
 def _sync_processes(name: str) -> None:

@@ -149,10 +149,6 @@ class DataParallel:
     batch_sharding: NamedSharding
 
     @property
-    def num_devices(self) -> int:
-        return self.mesh.size
-
-    @property
     def multi_process(self) -> bool:
         """Whether the mesh spans several processes (a multi-host learner)."""
         return not self.batch_sharding.is_fully_addressable

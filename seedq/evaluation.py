@@ -35,11 +35,9 @@ from seedq.quant.mode import InferencePrecision
 VIDEO_FORMATS = (".mp4", ".gif")
 # Envs stepped at once by `evaluate`: few enough that hundreds of episodes
 # take turns on them instead of all being stepped until the longest ends (and
-# that hundreds of Atari emulators need not be in memory at once). On Pong's
-# Nature CNN on a 2-core CPU, 64 envs stepped 1.28x as fast per env step as
-# 128 and 1.52x as fast as 256 (inference per step grows past 64; 32 was 4 %
-# slower), and 500 MinAtar Breakout episodes of a policy scoring ~110 took
-# 17 s against 50 s as one episode on each of 100 envs at a time.
+# that hundreds of Atari emulators need not be in memory at once), enough
+# that one inference call serves many env steps. The measurement behind 64:
+# docs/training.md, "The defaults and their evidence".
 EVAL_ENVS = 64
 # An evaluation episode still running after this many agent steps ends there
 # with its return so far: MinAtar has no time limit, and a good greedy policy

@@ -26,16 +26,6 @@ INTERRUPTED = 128 + signal.SIGINT
 # must start it again (`--resume auto` continues it).
 TERMINATED = 128 + signal.SIGTERM
 
-# What each means, for help texts and docs (status -> one line).
-TABLE = {
-    FINISHED: "finished: the run met its stop condition",
-    RUNTIME_FAILURE: "runtime failure (learner_error or no_actors in summary.json, an unreadable file, ...)",
-    USAGE: "usage or config error (flags, config, credentials): retrying cannot help",
-    PEER_LOST: "a process of a multi-host learner group was lost",
-    INTERRUPTED: "Ctrl-C, after the checkpoint",
-    TERMINATED: "SIGTERM before the stop condition, after the checkpoint: restart to continue",
-}
-
 
 class UsageError(ValueError):
     """A configuration the command refuses before it starts (exit USAGE)."""

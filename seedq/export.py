@@ -106,10 +106,9 @@ def _write_onnx(program, specs, names, path: str) -> None:
             "&& pip install --no-deps jax2onnx (its own dependencies would downgrade orbax-checkpoint)"
         ) from None
     input_names = ["obs"] if not names else ["obs", "first", *names]
-    output_names = ["actions"] if not names else ["actions", *names]
     try:
-        to_onnx(_without_unused_ops(program), [_onnx_input(s) for s in specs], model_name="seedq_policy", return_mode="file",
-                output_path=path, input_names=input_names, output_names=output_names)
+        to_onnx(_without_unused_ops(program), list(specs), model_name="seedq_policy", return_mode="file",
+                output_path=path, input_names=input_names, output_names=output_names(names))
     except Exception as e:  # noqa: BLE001 - a converter failure is one line naming the converter
         # (jax2onnx cannot trace flax's scanned LSTM with a symbolic batch, for one.)
         first_line = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -136,12 +135,11 @@ def _without_unused_ops(program):
     return pruned
 
 
-def _onnx_input(spec):
-    """A jax2onnx input: the batch dimension symbolic ("B"), the rest fixed."""
-    import jax
-
-    (batch,) = jax.export.symbolic_shape("B")
-    return jax.ShapeDtypeStruct((batch, *spec.shape[1:]), spec.dtype)
+def output_names(state_names) -> list[str]:
+    """The program's outputs: the actions, then each state array as the next
+    step takes it ("next_<name>": an ONNX graph's names are unique across its
+    inputs and outputs)."""
+    return ["actions", *(f"next_{name}" for name in state_names)]
 
 
 def state_meta(names, example_state) -> list[dict]:
@@ -196,7 +194,7 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
         "env_options": config_lib.to_dict(config.env_options),
         "spec": _spec_dict(spec),
         "inputs": ["obs"] if not names else ["obs", "first", *names],
-        "outputs": ["actions"] if not names else ["actions", *names],
+        "outputs": output_names(names),
         "state": state_meta(names, example_state),
         "checkpoint": loaded.checkpoint,
         "frames": loaded.counters.get("frames"),

@@ -5,7 +5,7 @@ sections are `--section.field-name` (`add_config_flags`); parsed flags are
 applied to a base config (`config_from_args`), and a config is turned back
 into the flags that reproduce it (`config_flags`: launchers, local mode and
 the comparisons start processes with them). Help texts are the comments
-above each field in `seedq/config.py` (`field_comments`).
+above each field in `seedq/config/` (`field_comments`).
 
 A leaf module (config and the standard library; the env registry only to
 resolve per-env defaults), so the CLI, local mode, the launchers, the docs

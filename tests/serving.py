@@ -29,3 +29,10 @@ def serve(server, entry, steps):
     actions, version = asyncio.run(one_request())
     finished = len(server.queue) - queued
     return actions, version, server.queue.get(finished, timeout=0) if finished else None
+
+
+def held_steps(store, slots):
+    """Steps `store` (a `seedq.rollout.store.UnrollStore`) holds for each
+    slot's unroll under construction: its write positions, which nothing
+    outside the store needs to read."""
+    return store._position[slots].copy()

@@ -493,13 +493,13 @@ def test_bad_credential_files_are_one_line_errors(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.learning
-def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_path, pki):
+def test_token_over_tcp_wrong_actor_refused_while_two_actors_train(tmp_path, pki):
     token = pki["token"]
-    # Bounded by frames: CartPole needs ~0.3-0.5M frames with these defaults, 2M is the margin.
+    # A frame budget, not a return: the refusals and the training the two
+    # token-holding actors feed (--min-actors 2) are the property here.
     learner, address, log, run = start_learner(
         tmp_path, "token", "--auth.token-file", token, "--min-actors", "2",
-        "--max-frames", "2000000", "--max-seconds", "0",
+        "--max-frames", "40000", "--max-seconds", "0", "--target-return", "none",
     )
     intruder = start_actor(address, "--auth.token-file", pki["wrong-token"], actor_id="intruder")
     anonymous = start_actor(address, actor_id="anonymous")
@@ -516,14 +516,8 @@ def test_token_over_tcp_wrong_actor_refused_while_two_actors_train_to_475(tmp_pa
         stop(learner, intruder, anonymous, *actors)
     assert learner.returncode == 0, _text(log)
     summary = json.loads((run / "summary.json").read_text())
-    # reached_target: the learner saw the 100-episode mean at >= 475. (The final
-    # mean_return_last100 is taken later, after the external actors' last
-    # episodes have landed, and can sit a little below it.)
-    assert summary["reached_target"] and summary["frames_to_target"], summary
-    assert summary["target_return"] == 475
-    print(f"token run: 475 reached at {summary['frames_to_target']:,} frames "
-          f"(final mean {summary['mean_return_last100']}); refused: intruder rc {intruder.returncode}, "
-          f"anonymous rc {anonymous.returncode}")
+    assert summary["stop_reason"] == "max_frames" and summary["frames"] >= 40000, summary
+    assert summary["train_steps"] > 0
     # Refusals logged once per peer host (both refused actors came from 127.0.0.1).
     assert _text(log).count("missing or wrong bearer token") == 1, _text(log)
 

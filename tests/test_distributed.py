@@ -11,9 +11,9 @@ cross-process collectives:
   bytes on both processes (run as `python tests/test_distributed.py update
   PROCESS PORT`, this file is that process);
 * two `seedq learner` processes, each with its own `seedq actor` on its own
-  unix socket and one shared --logdir, learn CartPole together (the full
-  solve is measured in docs/devices.md); only process 0 writes the run
-  directory; then the group resumes from its checkpoint and one member is
+  unix socket and one shared --logdir, train CartPole together to a frame
+  budget (the full solve is measured in docs/devices.md); only process 0
+  writes the run directory; then the group resumes from its checkpoint and one member is
   killed, and the other exits within 30 s with one line naming it.
 """
 
@@ -247,22 +247,18 @@ def trained_since(output: str, steps: int) -> bool:
     return any(int(n.replace(",", "")) > steps for n in shown)
 
 
-# The group's CartPole target and frame budget. Solving (475) took the group
-# 868k frames and 256 s here (docs/devices.md "Multi-host"), too long for the
-# suite, so the test asks for the first clear sign of learning together: a
-# mean return of 100 (random play: ~22), which that run first reached at
-# 102k frames; the budget leaves a margin of ~6x.
-TARGET = 100
-FRAME_BUDGET = 600_000
+# The group's frame budget: a fixed amount of work, whatever the machine's
+# speed. That the group's update is the single-device one is
+# test_an_update_across_two_processes_equals_the_single_device_update's; solving (475) took
+# the group 868k frames (docs/devices.md "Multi-host").
+FRAME_BUDGET = 40_000
 
 
 @pytest.mark.e2e
-@pytest.mark.learning
-# ~110 s here (two processes of 4 forced devices each on 2 cores): one run, its
-# resume and the kill share it.
-def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_when_one_dies(tmp_path):
+# One run, its resume and the kill share the two processes' start-up.
+def test_two_learner_processes_train_together_resume_together_and_stop_when_one_dies(tmp_path):
     logdir = tmp_path / "run"
-    group = Group(tmp_path, logdir, ["--logdir", str(logdir), "--target-return", str(TARGET),
+    group = Group(tmp_path, logdir, ["--logdir", str(logdir), "--target-return", "none",
                                      "--max-frames", str(FRAME_BUDGET), "--max-seconds", "0",
                                      "--eval-episodes", "2"])
     try:
@@ -271,8 +267,7 @@ def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_
     finally:
         group.close()
     summary = json.loads((logdir / "summary.json").read_text())
-    assert summary["reached_target"] and summary["stop_reason"] == "target_return", summary
-    assert summary["frames_to_target"] <= FRAME_BUDGET
+    assert summary["stop_reason"] == "max_frames" and summary["frames"] >= FRAME_BUDGET, summary
     assert summary["devices"]["processes"] == 2 and len(summary["devices"]["training"]) == 4
     # Only process 0 wrote the run directory: one TensorBoard file, its config, curves and
     # summary; the checkpoints hold both processes' counters, the frames their sum.
@@ -284,7 +279,7 @@ def test_two_learner_processes_learn_cartpole_together_resume_together_and_stop_
     per_process = meta["counters"]["processes"]
     assert len(per_process) == 2 and all(p["frames"] > 0 for p in per_process)
     assert meta["counters"]["frames"] == sum(p["frames"] for p in per_process)
-    assert "done (target_return)" in group.output(0)
+    assert "done (max_frames)" in group.output(0)
     assert "learner process 1 of 2" in group.output(1)
 
     # The group resumes from the final checkpoint, trains on, and loses a member.

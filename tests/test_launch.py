@@ -800,9 +800,10 @@ def test_rendered_learner_and_actor_train_together_with_the_readme_secrets(tmp_p
             config_path = pathlib.Path(mapping[k8s.CONFIG_DIR]) / "config.json"
             config_path.write_text("\n".join(_localise(config_path.read_text().split("\n"),
                                                        {**mapping, k8s.RUNS_DIR: str(root / "runs")})))
-            # Loopback instead of the pod's 0.0.0.0; a bounded run (flags override the file).
+            # Loopback instead of the pod's 0.0.0.0; a run bounded by frames, not
+            # seconds, whatever the machine's speed (flags override the file).
             argv += ["--address", f"127.0.0.1:{port}", "--server.health-port", str(_free_port()),
-                     "--max-frames", "4000", "--max-seconds", "120", "--quiet"]
+                     "--max-frames", "4000", "--max-seconds", "0", "--quiet"]
         else:
             argv[argv.index("--server") + 1] = f"127.0.0.1:{port}"  # the pod DNS name, resolved
         commands[role] = argv

@@ -1,6 +1,6 @@
 """Two machines on one host (issue 14): the learner and two actors in separate
 Linux network namespaces joined by a veth pair, over TCP with mutual TLS and
-a token. The run reaches the CartPole target; in the middle of it the veth
+a token. The run trains to its frame budget; in the middle of it the veth
 link goes down (no FIN reaches anyone, as with a preempted VM) and comes
 back: the learner frees the actors' slots by keepalive, and the actors
 reconnect by themselves and train on."""
@@ -21,7 +21,7 @@ import pytest
 from seedq import certs as certs_lib
 from seedq.local import stop_processes
 
-pytestmark = [pytest.mark.e2e, pytest.mark.learning]
+pytestmark = pytest.mark.e2e
 
 LEARNER_IP = "10.231.7.1"
 ACTOR_IP = "10.231.7.2"
@@ -29,6 +29,9 @@ PORT = 50051
 # Short dead-peer settings so the outage fits a lean test (defaults: 10 s / 30 s).
 KEEPALIVE = ["1", "3"]  # keepalive seconds, peer timeout seconds
 PEER_TIMEOUT = float(KEEPALIVE[1])
+# The run's budget: the outage comes after 30k frames (a few progress lines
+# later at most), so the actors train on for >100k frames once back.
+MAX_FRAMES = 150_000
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -90,7 +93,7 @@ def _wait(predicate, timeout: float, what: str, learner, log) -> float:
     return time.monotonic() - started
 
 
-def test_two_namespaces_tls_token_link_outage_and_target(namespaces, tmp_path):
+def test_two_namespaces_tls_token_link_outage_and_training_on(namespaces, tmp_path):
     learner_ns, actor_ns, actor_dev = namespaces
     pki = certs_lib.make(str(tmp_path / "pki"), hosts=(LEARNER_IP,))
     token = ["--auth.token-file", pki["token"]]
@@ -101,8 +104,8 @@ def test_two_namespaces_tls_token_link_outage_and_target(namespaces, tmp_path):
          "--logdir", str(run), "--tls.cert", pki["server.pem"], "--tls.key", pki["server-key.pem"],
          "--tls.client-ca", pki["ca.pem"], *token, "--server.keepalive-seconds", KEEPALIVE[0],
          "--server.peer-timeout-seconds", KEEPALIVE[1], "--min-actors", "2",
-         # Bounded by frames: the target needs ~0.3-0.5M frames, 2M is the margin.
-         "--max-frames", "2000000", "--max-seconds", "0", "--eval-episodes", "0",
+         "--max-frames", str(MAX_FRAMES), "--max-seconds", "0", "--target-return", "none",
+         "--eval-episodes", "0",
          "--log-every-seconds", "0.25"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT,
     )
@@ -139,14 +142,7 @@ def test_two_namespaces_tls_token_link_outage_and_target(namespaces, tmp_path):
         stop_processes([learner, *actors], timeout=30)
     assert learner.returncode == 0, log.read_text()
     summary = json.loads((run / "summary.json").read_text())
-    # reached_target: the learner saw the 100-episode mean at >= 475. (The final
-    # mean_return_last100 is taken later, after the external actors' last
-    # episodes have landed, and can sit a little below it.)
-    assert summary["reached_target"] and summary["frames_to_target"], summary
-    assert summary["target_return"] == 475
-    assert summary["frames_to_target"] > frames_down  # reached after the outage
-    print(f"netns run: 475 reached at {summary['frames_to_target']:,} frames (outage at "
-          f"{frames_down:,}), final mean {summary['mean_return_last100']}")
+    assert summary["stop_reason"] == "max_frames" and summary["frames"] >= MAX_FRAMES > frames_down, summary
     stats = [json.loads((tmp_path / f"actor-{i}.json").read_text()) for i in range(2)]
     assert all(s["connections"] >= 2 for s in stats), stats
     assert os.path.isdir(summary["checkpoint"])

@@ -568,51 +568,26 @@ def test_int8_greedy_actions_agree_on_real_atari_frames(name, atari_frames):
 
 
 @pytest.mark.e2e
-@pytest.mark.learning
-def test_int8_agrees_with_fp32_on_a_trained_cartpole_policy(tmp_path):
-    """Trains CartPole to a mean of 150 with the real system (int8 inference), then compares greedy actions
-    of bf16/int8 with fp32 on the states its softmax behaviour policy visits.
-
-    Issue 4 asks for >= 99 % (int8, MLP). With the input and output layers
-    kept fp32 (seedq.quant.quantizable_paths), six policies that reach 475
-    agree on 99.56-99.91 % of such states and on 98.4-99.5 % of greedy-rollout
-    states, where a balancing policy dwells on near-indifferent states
-    (docs/benchmarks.md). The bounds below are regression guards for a
-    briefly trained policy, not the issue's target.
-    """
-    from seedq.bench.inference import trained_policy_agreement
-
+def test_an_int8_run_records_its_measured_per_layer_plan(tmp_path):
+    """`seedq train --precision int8` with the real system: the learner's
+    server measures its per-layer int8/fp32 plan and the summary records it.
+    (int8's agreement with fp32 on a solved policy: the learning run of
+    tests/test_train_local.py.)"""
     logdir = tmp_path / "cartpole"
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "train", "--env", "CartPole-v1", "--precision", "int8",
-         "--target-return", "150", "--max-frames", "1500000", "--max-seconds", "0",
+         "--target-return", "none", "--max-frames", "5000", "--max-seconds", "0",
          "--eval-episodes", "0", "--logdir", str(logdir), "--quiet"],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
-    assert summary["precision"] == "int8"
+    assert summary["precision"] == "int8" and summary["stop_reason"] == "max_frames"
     # The measured per-layer plan, one MAC share per padded batch size of the server.
     shares = summary["int8_plan"]["mac_share"]
     assert set(shares) == {"8", "16", "32", "64", "128", "256"}, summary["int8_plan"]
     assert all(0.0 <= s <= 1.0 for s in shares.values()), shares
     assert summary["int8_plan"]["forced"] is False
-    # Bounded by frames, not seconds, so a slow or busy machine does not fail it (a
-    # 200k-frame budget once stopped at a mean of 80 on CI); random play scores ~22.
-    # Margin: seeds 0-2 reached 150 at 143k-206k frames, 7x inside the budget.
-    assert summary["reached_target"], summary
-
-    out = trained_policy_agreement(str(logdir), steps=100, num_envs=16, modes=("sample",))
-    row = out["modes"]["sample"]
-    assert row["states"] == 1600
-    # The bounds this test had before they were loosened (when every layer ran
-    # int8), restored: seeds 0-2 of this run measured bf16 99.56-99.69 %, int8
-    # 99.63-99.81 %, int8 100 % where the fp32 gap is >= 0.05, max relative logit
-    # error 0.009-0.013 (bench/inference.trained_policy_agreement, sample mode).
-    assert row["bf16"]["argmax_agreement"] >= 0.99, row
-    assert row["int8"]["argmax_agreement"] >= 0.96, row
-    assert row["int8"]["agreement_gap_above_0.05"] >= 0.995, row
-    assert row["int8"]["max_rel_logit_error"] < 0.1, row
 
 
 def _agents():

@@ -22,7 +22,7 @@ from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
-from serving import serve
+from serving import held_steps, serve
 
 pytestmark = pytest.mark.unit
 
@@ -314,11 +314,11 @@ def test_actor_restart_never_puts_a_partial_sequence_into_replay():
     b, _ = server.connect("actor-b", "run-1", 3)
     run(a, 1.0, L + 2)  # one full sequence, then a partial one (overlap + 2 steps)
     run(b, 5.0, L - 1)  # partial: one step short
-    assert server.store.partial_steps(a.slots).tolist() == [agent.sequence_spec().overlap + 2] * 3
+    assert held_steps(server.store, a.slots).tolist() == [agent.sequence_spec().overlap + 2] * 3
     a2, superseded = server.connect("actor-a", "run-2", 3)  # actor a restarts
     assert superseded is a and a2.slots.tolist() == a.slots.tolist()  # same slots reused
     server.release(b)  # actor b's stream ends
-    assert server.store.partial_steps(a2.slots).tolist() == [0] * 3
+    assert held_steps(server.store, a2.slots).tolist() == [0] * 3
     b2, _ = server.connect("actor-c", "run-1", 3)  # a new actor takes b's slots
     run(a2, 2.0, 3 * L)
     run(b2, 7.0, 2 * L)

@@ -36,6 +36,7 @@ from seedq.wire import codec
 from seedq import schema
 
 from queue_tap import QueueTap
+from serving import held_steps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -395,7 +396,7 @@ def test_sigkilled_raw_actor_loses_only_its_partial_unroll(healthy, workdir):
         assert entry is not None and entry.num_envs == num_envs
         assert learner.table.num_connected == 2
         # The server records a step just after answering it.
-        wait_until(lambda: list(learner.inference.store.partial_steps(entry.slots)) == [sent] * num_envs,
+        wait_until(lambda: list(held_steps(learner.inference.store, entry.slots)) == [sent] * num_envs,
                    "the victim's steps in the store")
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(timeout=10) == -signal.SIGKILL
@@ -407,7 +408,7 @@ def test_sigkilled_raw_actor_loses_only_its_partial_unroll(healthy, workdir):
     assert connected_entry(learner, "victim") is None
     assert connected_entry(learner, "real-1") is not None
     # Its partial unroll was discarded (no one has reused the slots since).
-    np.testing.assert_array_equal(learner.inference.store.partial_steps(entry.slots), [0] * num_envs)
+    np.testing.assert_array_equal(held_steps(learner.inference.store, entry.slots), [0] * num_envs)
     assert tap.count(MARK_VICTIM) == 0
     assert_training_continues(learner, procs=[actor])
 
@@ -447,7 +448,7 @@ def test_sigkilled_real_actor_while_another_trains(healthy, workdir):
     wait_until(lambda: entry.closed, "the learner to notice the killed actor")
     wait_until(lambda: learner.table.num_connected == 1, "the killed actor to leave the table")
     assert connected_entry(learner, "doomed") is None
-    np.testing.assert_array_equal(learner.inference.store.partial_steps(entry.slots), [0, 0])
+    np.testing.assert_array_equal(held_steps(learner.inference.store, entry.slots), [0, 0])
     assert not doomed.stats_file.exists()  # SIGKILL: no clean exit
     frames = learner.table.frames
     assert_training_continues(learner, procs=[actor])
@@ -468,7 +469,7 @@ def test_restarted_actor_is_a_new_run_and_old_stream_is_aborted(healthy, raw):
             assert old.step(2, MARK_OLD_RUN).shape == (2,)
         old_entry = connected_entry(learner, "a")
         assert old_entry.run_id == "r1"
-        wait_until(lambda: list(learner.inference.store.partial_steps(old_entry.slots)) == [2, 2],
+        wait_until(lambda: list(held_steps(learner.inference.store, old_entry.slots)) == [2, 2],
                    "a/r1's steps in the store")
         assert learner.table.runs_started == runs_before + 1
 
@@ -511,7 +512,7 @@ def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
         for _ in range(3):
             old.step(2, MARK_OLD_RUN)
         old_entry = connected_entry(learner, "b")
-        wait_until(lambda: list(learner.inference.store.partial_steps(old_entry.slots)) == [3, 3],
+        wait_until(lambda: list(held_steps(learner.inference.store, old_entry.slots)) == [3, 3],
                    "b/r1's steps in the store")
         # More envs after the restart: the new block may grow over the old one
         # (the env table keeps slots within its budget); either way the old
@@ -519,7 +520,7 @@ def test_superseded_run_partial_unroll_is_dropped_from_store(healthy, raw):
         new = raw.RawStream(address, timeout=WAIT_SECONDS)
         new.handshake("b", "r2", 7)
         assert connected_entry(learner, "b").run_id == "r2"
-        np.testing.assert_array_equal(learner.inference.store.partial_steps(old_entry.slots), [0, 0])
+        np.testing.assert_array_equal(held_steps(learner.inference.store, old_entry.slots), [0, 0])
     finally:
         old.close()
         if new is not None:
@@ -604,7 +605,7 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
                                        np.zeros((2, 4), np.float32)))
         filler_entry = connected_entry(learner, "filler")
         wait_until(
-            lambda: list(learner.inference.store.partial_steps(filler_entry.slots)) == [1, 1],
+            lambda: list(held_steps(learner.inference.store, filler_entry.slots)) == [1, 1],
             "the filler's unrolls to be finished",
         )
         old.send(codec.encode_steps([0, 1], np.zeros(2), np.zeros(2), np.zeros(2),
@@ -699,7 +700,7 @@ def test_stuck_and_slow_actors_never_hold_back_a_healthy_one(healthy, raw):
         slow_thread.join()
         # The stuck stream is still connected, holding only its own 3 slots and no request.
         assert connected_entry(learner, "stuck") is stuck_entry and not stuck_entry.closed
-        np.testing.assert_array_equal(learner.inference.store.partial_steps(stuck_entry.slots), [1, 1, 1])
+        np.testing.assert_array_equal(held_steps(learner.inference.store, stuck_entry.slots), [1, 1, 1])
         assert stuck_entry not in learner.inference.waiting()
         assert stuck_entry.timed_out_waits <= 1, stuck_entry.timed_out_waits
         assert slow_entry.timed_out_waits <= len(slow_sent) == 3, slow_entry.timed_out_waits

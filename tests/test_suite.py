@@ -116,13 +116,13 @@ def test_a_tiny_suite_writes_its_outputs_and_a_rerun_skips_finished_runs(tmp_pat
     assert [r["seed"] for r in csv.DictReader(open(out / "results.csv"))] == ["0", "1"]
     planned = suite.run_config(TrainConfig(num_actors=1, envs_per_actor=4, eval_episodes=2), "CartPole-v1", 1,
                                2000, str(out))
-    assert suite.resumable(planned)
+    assert _continues(planned)
     other = dataclasses.replace(planned, vtrace=dataclasses.replace(planned.vtrace, reuse=planned.vtrace.reuse + 1))
-    assert not suite.resumable(other)
+    assert not _continues(other)
     # The setting that differs is named (a rerun with it is refused, not started again).
     assert suite.other_settings(other) == [f"vtrace.reuse: {planned.vtrace.reuse} -> {planned.vtrace.reuse + 1}"]
     # A larger budget is no other setting: the run is extended.
-    assert suite.resumable(dataclasses.replace(planned, max_frames=planned.max_frames * 2))
+    assert _continues(dataclasses.replace(planned, max_frames=planned.max_frames * 2))
 
 
 @pytest.mark.unit
@@ -166,10 +166,18 @@ def _suite_with_a_run_in_progress(tmp_path):
     return proc, run_dir
 
 
+def _continues(config) -> bool:
+    """Whether a rerun continues the run in config.logdir: it has a checkpoint
+    and was made with these settings, budgets aside."""
+    from seedq import checkpoint
+
+    return checkpoint.has_checkpoint(config.logdir) and suite.other_settings(config) == []
+
+
 def _assert_stopped_resumable(run_dir):
     assert _processes_mentioning(str(run_dir)) == []
     saved = json.loads((run_dir / "config.json").read_text())
-    assert suite.resumable(from_saved(saved))
+    assert _continues(from_saved(saved))
     assert not suite.finished(from_saved(saved))
 
 

@@ -51,12 +51,14 @@ def test_many_envs_whose_unrolls_do_not_divide_into_batches_keep_training(tmp_pa
     """One actor of 250 envs finishes 250 unrolls in one inference batch; the
     learner takes 16 at a time from a queue of 256. A queue that
     let a chunk in only if it fit deadlocked: 10 left, 250 more did not fit, and the
-    learner waited for 16 for ever (stuck at 5,250 frames). Bounded by
-    --max-seconds: a stuck run ends 'max_seconds', not 'max_frames'."""
+    learner waited for 16 for ever (stuck at 5,250 frames). Bounded by frames
+    alone, so a slow machine only takes longer; a stuck run never ends and
+    fails on the command's timeout."""
     logdir = tmp_path / "run"
     result = seedq(
         "train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "250",
-        "--max-frames", "40000", "--max-seconds", "150", "--target-return", "none", "--logdir", str(logdir),
+        "--max-frames", "40000", "--max-seconds", "0", "--target-return", "none", "--logdir", str(logdir),
+        timeout=500,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((logdir / "summary.json").read_text())
@@ -66,7 +68,10 @@ def test_many_envs_whose_unrolls_do_not_divide_into_batches_keep_training(tmp_pa
 @pytest.mark.e2e
 @pytest.mark.learning
 def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
-    """The default config learns: mean return >= 475 over 100 episodes.
+    """The default config learns: mean return >= 475 over 100 episodes;
+    `seedq eval` of its final checkpoint reproduces the learner's greedy
+    evaluation of it, far above random play (~22); and int8 inference agrees
+    with fp32 on the solved policy's states.
 
     Bounded by frames, not seconds, so a slow or busy machine does not fail it
     (runs here need ~0.3-0.5M frames).
@@ -81,6 +86,40 @@ def test_cartpole_is_solved_within_a_frame_budget(tmp_path):
     assert summary["reached_target"], summary
     assert summary["mean_return_last100"] >= 475
     assert summary["frames_to_target"] <= summary["frames"]
+    # The run stops when its sampled policy's mean reaches 475; its greedy
+    # policy then is usually solved (500 in every episode) but not always (one
+    # CI run's learner evaluated it at a greedy mean of 316, returns 233-500),
+    # hence the learner's own eval as the reference and a bound far below 475.
+    recorded = summary["eval"]
+    assert recorded["policy"] == "greedy" and recorded["checkpoint"] == summary["checkpoint"]
+    evaluated = seedq("eval", str(logdir), "--json")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    result = json.loads(evaluated.stdout)
+    assert result["returns"] == recorded["returns"] and result["mean"] > 150, (result, recorded)
+    assert_int8_agrees_with_fp32(logdir)
+
+
+def assert_int8_agrees_with_fp32(run_dir) -> None:
+    """Greedy actions of bf16/int8 against fp32 on the states the trained
+    policy's softmax behaviour visits.
+
+    Issue 4 asks for >= 99 % (int8, MLP). With the input and output layers
+    kept fp32 (seedq.quant.quantizable_paths), six policies that reach 475
+    agree on 99.56-99.91 % of such states and on 98.4-99.5 % of greedy-rollout
+    states, where a balancing policy dwells on near-indifferent states
+    (docs/benchmarks.md). The bounds are regression guards: policies at a mean
+    of 150 measured bf16 99.56-99.69 %, int8 99.63-99.81 %, int8 100 % where
+    the fp32 gap is >= 0.05, max relative logit error 0.009-0.013
+    (bench/inference.trained_policy_agreement, sample mode).
+    """
+    from seedq.bench.inference import trained_policy_agreement
+
+    row = trained_policy_agreement(str(run_dir), steps=100, num_envs=16, modes=("sample",))["modes"]["sample"]
+    assert row["states"] == 1600
+    assert row["bf16"]["argmax_agreement"] >= 0.99, row
+    assert row["int8"]["argmax_agreement"] >= 0.96, row
+    assert row["int8"]["agreement_gap_above_0.05"] >= 0.995, row
+    assert row["int8"]["max_rel_logit_error"] < 0.1, row
 
 
 @pytest.mark.e2e

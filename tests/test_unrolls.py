@@ -16,6 +16,7 @@ from seedq.rollout.store import UnrollStore
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire.codec import Steps
+from serving import held_steps
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ def test_store_emits_unroll_of_t_plus_1_when_full():
     slots = np.array([0, 1, 2])
     for t in range(T):
         assert store.append(slots, step_for(slots, t)) is None
-        np.testing.assert_array_equal(store.partial_steps(slots), [t + 1] * 3)
+        np.testing.assert_array_equal(held_steps(store, slots), [t + 1] * 3)
     unrolls = store.append(slots, step_for(slots, T))
     assert unrolls is not None
     assert set(unrolls) == set(FIELDS)
@@ -77,7 +78,7 @@ def test_store_emits_unroll_of_t_plus_1_when_full():
     for row, slot in enumerate(slots):
         assert_unroll(unrolls, row, slot, range(T + 1))
     # The finished unroll's last step is kept as the first of the next one.
-    np.testing.assert_array_equal(store.partial_steps(slots), [1, 1, 1])
+    np.testing.assert_array_equal(held_steps(store, slots), [1, 1, 1])
 
 
 def test_store_consecutive_unrolls_overlap_by_one_step():
@@ -145,7 +146,7 @@ def test_store_slots_are_independent():
     # Slot 2: 8 steps = one unroll (5) + 3 more after the kept overlap step -> 4.
     # Slot 5: 16 steps = unrolls at 5, 9, 13, then 3 more -> 4. Slot 7: 3 steps.
     assert (times[2], times[5], times[7]) == (2 * T, 4 * T, 3)
-    np.testing.assert_array_equal(store.partial_steps(np.array([2, 5, 7, 0])), [4, 4, 3, 0])
+    np.testing.assert_array_equal(held_steps(store, np.array([2, 5, 7, 0])), [4, 4, 3, 0])
 
 
 def test_store_drop_discards_partial_unroll():
@@ -153,10 +154,10 @@ def test_store_drop_discards_partial_unroll():
     slots = np.array([0, 1, 2])
     for t in range(T - 1):
         store.append(slots, step_for(slots, t))
-    np.testing.assert_array_equal(store.partial_steps(slots), [T - 1] * 3)
+    np.testing.assert_array_equal(held_steps(store, slots), [T - 1] * 3)
     assert store.drop(np.array([1])) == T - 1  # never-emitted steps: all lost
     assert store.dropped_steps == T - 1
-    np.testing.assert_array_equal(store.partial_steps(slots), [T - 1, 0, T - 1])
+    np.testing.assert_array_equal(held_steps(store, slots), [T - 1, 0, T - 1])
     # Slots 0 and 2 complete after 2 more steps; slot 1 starts fresh at t = 100.
     out = None
     for t in range(T - 1, T + 1):
@@ -176,10 +177,10 @@ def test_store_drop_after_full_unroll_discards_overlap_step():
     slots = np.array([0])
     for t in range(T + 1):
         store.append(slots, step_for(slots, t))
-    assert store.partial_steps(slots)[0] == 1
+    assert held_steps(store, slots)[0] == 1
     # The held step went out as the last step of the emitted unroll: nothing lost.
     assert store.drop(slots) == 0
-    assert store.partial_steps(slots)[0] == 0
+    assert held_steps(store, slots)[0] == 0
     for t in range(10, 13):
         store.append(slots, step_for(slots, t))
     assert store.drop(slots) == 3 and store.dropped_steps == 3  # fresh again: all 3 lost
@@ -199,7 +200,7 @@ def test_store_ensure_capacity_keeps_data():
     assert store.capacity == 2
     store.ensure_capacity(9)
     assert store.capacity >= 9
-    np.testing.assert_array_equal(store.partial_steps(np.arange(9)), [1, 2] + [0] * 7)
+    np.testing.assert_array_equal(held_steps(store, np.arange(9)), [1, 2] + [0] * 7)
     store.ensure_capacity(3)  # never shrinks
     assert store.capacity >= 9
     # Finish every unroll, new slots included: old steps survived the growth.
@@ -407,7 +408,7 @@ def test_a_stream_released_between_answer_and_record_leaves_no_step_behind():
         try:
             await server.submit(entry, steps)  # one step recorded
             await asyncio.sleep(0)
-            held = list(server.store.partial_steps(entry.slots))
+            held = list(held_steps(server.store, entry.slots))
             await server.submit(entry, steps)  # answered; its record is still to come
             server.release(entry)
             await asyncio.sleep(0)  # the batch loop's turn to record
@@ -416,7 +417,7 @@ def test_a_stream_released_between_answer_and_record_leaves_no_step_behind():
             batch_loop.cancel()
 
     assert asyncio.run(answered_then_released()) == [1, 1]
-    np.testing.assert_array_equal(server.store.partial_steps(entry.slots), [0, 0])
+    np.testing.assert_array_equal(held_steps(server.store, entry.slots), [0, 0])
     assert server.store.dropped_steps == 4  # both steps of both envs, counted as lost
 
 

@@ -19,7 +19,6 @@ import numpy as np
 from seedq.schema import SequenceSpec, StepFieldSpec
 
 Params = Any
-ArrayTree = Any
 
 
 class BatchSource:

@@ -116,7 +116,7 @@ class NatureCNN(nn.Module):
     flat background colour, an unnormalised channel's response is dominated by
     that background, and Adam's equal-size steps on all of its weights can drive
     it negative at every position: the channel then passes no gradient and
-    never recovers (docs/benchmarks.md, "Pong: the first convolution")."""
+    never recovers (docs/studies/pong-first-convolution.md)."""
 
     channel_norm: bool = False
 

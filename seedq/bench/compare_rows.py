@@ -201,18 +201,6 @@ def format_table(summary: list[dict]) -> str:
     return "\n\n".join(blocks)
 
 
-def return_at(curves: list[dict], config: str, frames: float) -> float | None:
-    """Median over seeds of the mean return (last 100 episodes) at `frames`,
-    linearly interpolated between progress ticks; None where a run ended earlier."""
-    values = []
-    for seed in dict.fromkeys(c["seed"] for c in curves if c["config"] == config):
-        points = [(c["frames"], c["return"]) for c in curves if c["config"] == config and c["seed"] == seed]
-        xs, ys = zip(*points) if points else ((), ())
-        if xs and xs[0] <= frames <= xs[-1]:
-            values.append(float(np.interp(frames, xs, ys)))
-    return float(np.median(values)) if values else None
-
-
 def plot(rows: list[dict], curves: list[dict], out: str, evaluations: list[dict] = ()) -> list[str]:
     """Writes the PNGs into `out` (the fifth, the kept checkpoints' normalised
     evaluations, where there are any); returns their paths."""

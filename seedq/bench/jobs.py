@@ -282,14 +282,6 @@ def other_settings(config: TrainConfig) -> list[str]:
     return changed_settings(saved, current)
 
 
-def resumable(config: TrainConfig) -> bool:
-    """Whether the run in config.logdir continues as `config`: it has a
-    checkpoint and was made with these settings, budgets aside."""
-    from seedq import checkpoint
-
-    return checkpoint.has_checkpoint(config.logdir) and not other_settings(config)
-
-
 def changed_settings(saved: dict, current: dict, prefix: str = "") -> list[str]:
     """'key: saved -> current' for every dotted key whose value differs (or is in one only)."""
     changes = []

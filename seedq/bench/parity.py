@@ -37,14 +37,13 @@ class Scale:
     """What a normalised score of 0 and of 1 mean on an env."""
 
     random: float | None  # the random policy's return; None: measured here (OUT/random.json)
-    random_source: str
     reference: float
-    reference_source: str
 
 
 SCALES = {
-    "ALE/Pong-v5": Scale(-20.7, "random agent, Mnih et al. 2015 (Nature DQN)", 21.0,
-                         "the game's maximum, which IMPALA and SEED RL's Pong agents reach"),
+    # Random: the random agent of Mnih et al. 2015 (Nature DQN); reference: the
+    # game's maximum, which IMPALA and SEED RL's Pong agents reach.
+    "ALE/Pong-v5": Scale(-20.7, 21.0),
 }
 
 
@@ -55,7 +54,7 @@ def scale_for(env_id: str) -> Scale | None:
         return SCALES[env_id]
     if env_id in SUITE:
         ref = SUITE[env_id]
-        return Scale(None, "seedq's uniform random policy, measured (random.json)", ref.reference, ref.source)
+        return Scale(None, ref.reference)  # seedq's uniform random policy, measured (random.json)
     return None
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from seedq.bench import compare
 from seedq.bench import jobs as jobs_lib
 # The resume mechanism, under the names the suite has always had.
-from seedq.bench.jobs import changed_settings, finished, other_settings, resumable  # noqa: F401
+from seedq.bench.jobs import changed_settings, finished, other_settings  # noqa: F401
 from seedq.bench.parity import random_returns
 from seedq.bench.references import SUITE, normalised
 from seedq.bench.throughput import read_json

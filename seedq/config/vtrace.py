@@ -188,19 +188,17 @@ CONTINUOUS_VTRACE = VTraceConfig(
 
 
 # V-trace defaults for pixel observations (Atari's 84x84 frames), where the
-# network, not the env, is the cost of a frame (docs/benchmarks.md, "The
-# learner's work per frame"): one pass over each batch and no lookahead, as
-# IMPALA and SEED train Atari. Rewards are Atari's clipped +-1 unscaled (under
-# Adam a 0.1 reward scale acts as a 10x entropy bonus; "Pong: the reward scale
-# and the entropy bonus"). Adam at CleanRL's Atari rate and epsilon (2.5e-4,
-# 1e-5): at 1e-3 the first convolution went dark. The Nature CNN's channels
-# are normalised over each frame (cnn_channel_norm): without it the first
-# convolution lost 22-31 of its 32 channels on Pong's flat background and
-# the value barely varied across states for the first few 100k agent steps.
-# Batches of 4 unrolls: with the torso kept alive, four times the updates per
-# frame of a batch of 16 at no extra learner time on a CPU (the small batch is
-# cheaper per frame there). Together they took Pong from -20.4 to -13.0 and
-# -13.8 at 1M agent steps (two seeds; "Pong: the first convolution").
+# network, not the env, is the cost of a frame: one pass over each batch and
+# no lookahead, as IMPALA and SEED train Atari. Rewards are Atari's clipped
+# +-1 unscaled: under Adam a 0.1 reward scale acts as a 10x entropy bonus.
+# Adam at CleanRL's Atari rate and epsilon (2.5e-4, 1e-5): Adam scales the
+# first convolution's small gradients up to full steps, and larger ones drive
+# its channels dark. The Nature CNN's channels are normalised over each frame
+# (cnn_channel_norm), so that no channel goes dark on a flat background such
+# as Pong's and the value keeps varying across states. Batches of 4 unrolls:
+# four times the updates per frame of a batch of 16 at no extra learner time
+# on a CPU, where the small batch is cheaper per frame. The measurements
+# behind each: docs/training.md, "The defaults and their evidence".
 PIXEL_VTRACE = VTraceConfig(
     reuse=1, lookahead=0, reward_scale=1.0, learning_rate=2.5e-4, adam_eps=1e-5,
     cnn_channel_norm=True, batch_size=4,

@@ -277,11 +277,6 @@ def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarra
     return rng.uniform(low, high, size=(n, *spec.action_shape)).astype(np.float32)
 
 
-def is_pixel_spec(spec: EnvSpec) -> bool:
-    """Single grey frames [H, W] uint8: the learner stacks these."""
-    return np.dtype(spec.obs_dtype) == np.uint8 and len(spec.obs_shape) == 2
-
-
 # --- Atari -----------------------------------------------------------------
 
 

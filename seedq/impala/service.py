@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 
 import grpc
 import jax
@@ -51,17 +50,14 @@ class ParamsPublisher:
         self.snapshot = snapshot
         self._lock = threading.Lock()
         self._cached: tuple[int, bytes] | None = None
-        self.serialize_seconds = 0.0
 
     def latest(self) -> tuple[int, bytes]:
         """(version, msgpack bytes); thread-safe, blocking (call off the event loop)."""
         state, _, _, version = self.snapshot()
         with self._lock:
             if self._cached is None or self._cached[0] != version:
-                started = time.perf_counter()
                 params = jax.device_get(self.mode.publish(self.agent.inference_params(state)))
                 self._cached = (version, impala_codec.serialize_params(params))
-                self.serialize_seconds += time.perf_counter() - started
             return self._cached
 
 

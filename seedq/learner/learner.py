@@ -535,6 +535,3 @@ class Learner:
                 k: float(v) for k, v in jax.device_get(local_copy(pending)).items() if np.ndim(v) == 0
             }
         return dict(self.last_metrics or {})
-
-    def params_numpy(self):
-        return jax.device_get(local_copy(self.state))

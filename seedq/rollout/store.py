@@ -70,10 +70,6 @@ class UnrollStore:
         self.dropped_steps += lost
         return lost
 
-    def partial_steps(self, slots: np.ndarray) -> np.ndarray:
-        """Steps currently held for each slot's unroll under construction."""
-        return self._position[slots].copy()
-
     def append(self, slots: np.ndarray, step: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Writes one step for each of `slots` (unique); returns finished sequences.
 

@@ -101,7 +101,6 @@ class InferenceStats:
     # Actor messages answered (one vector step of one actor each; a batch joins several).
     requests: int = 0
     env_steps: int = 0
-    padded_steps: int = 0
     busy_seconds: float = 0.0
     # Waits for the learner: for room in a full unroll queue, and pacing's.
     backpressure_seconds: float = 0.0
@@ -394,7 +393,8 @@ class InferenceServer:
         # event loop lets their stream handlers send the actions, so the actors
         # step their envs while this thread writes the unroll store (the next
         # batch still waits for it). Backpressure holds: a full queue stops the
-        # next batch, one step later than before.
+        # next batch, one step later than if the step were recorded before the
+        # answers.
         self._unrecorded = pending
         await asyncio.sleep(0)
         self._record_answered()
@@ -467,5 +467,4 @@ class InferenceServer:
         self.stats.greedy_batches += greedy
         self.stats.requests += len(batch)
         self.stats.env_steps += n
-        self.stats.padded_steps += size * -(-n // size)
         return result.actions, version, pending

@@ -19,11 +19,3 @@ def actor_of(stream_id: str) -> str:
     """The actor a stream belongs to: `<id>` for `<id>/g<k>`, else the id itself."""
     return _GROUP_SUFFIX.sub("", stream_id)
 
-
-def groups_per_actor(stream_ids) -> int:
-    """The most streams any one actor has connected (0: none)."""
-    counts: dict[str, int] = {}
-    for stream_id in stream_ids:
-        actor = actor_of(stream_id)
-        counts[actor] = counts.get(actor, 0) + 1
-    return max(counts.values(), default=0)

@@ -109,8 +109,9 @@ class R2D2Agent(Agent):
         self.learning_rate = schedules.annealed_learning_rate(
             config.learning_rate, config.learning_rate_decay_frames, frames_per_step)
         # Adam keeps the constant rate, and `update` scales its step by the
-        # anneal: the optimiser state (so the checkpoint layout) stays that of
-        # runs from before the anneal existed, whose config.json lacks it.
+        # anneal: Adam's state then holds no schedule count, so every R2D2
+        # checkpoint has one layout, annealed or not, and a config.json without
+        # learning_rate_decay_frames restores into it.
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=config.adam_eps),

@@ -131,8 +131,9 @@ class VTraceAgent(Agent):
         self.lookahead = lookahead_schedule(config)
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
-            # A constant rate stays a float: its optimiser state (and so every
-            # checkpoint's layout) is the one runs had before schedules existed.
+            # A constant rate stays a float: a schedule adds a step count to
+            # the optimiser state, which would change the layout of a
+            # constant-rate run's checkpoints and stop saved ones restoring.
             optax.adam(self.learning_rate if config.learning_rate_decay_frames else config.learning_rate,
                        eps=config.adam_eps),
         )
