@@ -291,7 +291,9 @@ class Soak:
         return int(psutil.Process(self.learner.pid).memory_info().rss)
 
     def _connected_actors(self, stats: dict) -> list[_Actor]:
-        ids = {e["actor_id"] for e in stats["actors"]}
+        from seedq.wire.groups import actor_of
+
+        ids = {actor_of(e["actor_id"]) for e in stats["actors"]}  # (an actor's group streams: one actor)
         return [a for a in self.actors if a.actor_id in ids and a.proc.poll() is None]
 
     # --- faults ---
@@ -449,8 +451,10 @@ class Soak:
 
     def _result(self, final: dict, rss_end: int) -> dict:
         c = self.config
+        from seedq.wire.groups import actor_of
+
         live_ids = {a.actor_id for a in self.actors if a.proc.poll() is None}
-        orphans = [e for e in final["actors"] if e["actor_id"] not in live_ids]
+        orphans = [e for e in final["actors"] if actor_of(e["actor_id"]) not in live_ids]
         final_gap = final["seconds_since_train_step"] or 0.0
         gaps = dict(self.max_gap_by_pid)
         gaps[final["pid"]] = max(gaps.get(final["pid"], 0.0), final_gap)
