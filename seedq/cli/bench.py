@@ -45,12 +45,17 @@ def _add_throughput(bench_sub) -> None:
     tp.add_argument("--actor-groups", type=int, default=None,
                     help="env groups per actor (default: the actors choose; actor_groups)")
     tp.add_argument("--json", action="store_true", help="print one JSON object")
-    add_config_flags(tp, config_lib.DevicesConfig, "devices.")
-    add_config_flags(tp, config_lib.ServerConfig, "server.")
-    # The agent sections pass through, on top of the env's defaults (as `seedq train`).
-    tp.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
-    add_config_flags(tp, config_lib.VTraceConfig, "vtrace.")
-    add_config_flags(tp, config_lib.R2D2Config, "r2d2.")
+    _add_learner_flags(tp)
+
+
+def _add_learner_flags(parser) -> None:
+    """The learner's sections a serving bench takes: devices, server and the
+    agent's (these pass through on top of the env's defaults, as `seedq train`)."""
+    add_config_flags(parser, config_lib.DevicesConfig, "devices.")
+    add_config_flags(parser, config_lib.ServerConfig, "server.")
+    parser.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
+    add_config_flags(parser, config_lib.VTraceConfig, "vtrace.")
+    add_config_flags(parser, config_lib.R2D2Config, "r2d2.")
 
 
 def _add_ingress(bench_sub) -> None:
@@ -74,11 +79,7 @@ def _add_ingress(bench_sub) -> None:
     ingress.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
                          help="tcp: 127.0.0.1 loopback; unix: a unix socket")
     ingress.add_argument("--json", action="store_true", help="print one JSON object")
-    add_config_flags(ingress, config_lib.DevicesConfig, "devices.")
-    add_config_flags(ingress, config_lib.ServerConfig, "server.")
-    ingress.add_argument("--agent", choices=config_lib.AGENTS, default=None, help="the agent that trains")
-    add_config_flags(ingress, config_lib.VTraceConfig, "vtrace.")
-    add_config_flags(ingress, config_lib.R2D2Config, "r2d2.")
+    _add_learner_flags(ingress)
 
 
 def _add_learner(bench_sub) -> None:
