@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from queue_tap import QueueTap
 
-from seedq.flags import env_defaults
+from seedq.envs import run_defaults
 from seedq.learner.learner import Learner
 
 DELAYED_CUE_ENV = '''
@@ -106,7 +106,7 @@ def expected_steps(step: np.ndarray, size: int) -> np.ndarray:
 
 @pytest.mark.e2e
 def test_rewards_follow_the_action_and_the_cue_two_frames_back_in_every_unroll(tmp_path, delayed_cue_env):
-    config = dataclasses.replace(env_defaults(ENV_ID), env=ENV_ID)  # the pixel envs' defaults
+    config = dataclasses.replace(run_defaults(ENV_ID), env=ENV_ID)  # the pixel envs' defaults
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
     tap = UnrollTap(learner.queue)
     actor = None

@@ -222,6 +222,18 @@ def compute_cpu_seconds(learner, train: bool) -> float:
 
 
 def rss_bytes() -> int:
+    """This process's resident memory, once the garbage it holds is collected
+    and the C heap's free pages are handed back (glibc's malloc_trim): what
+    the slots hold, not what earlier work in the process (a compile, a test
+    run before in the same process) has freed but not yet returned."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the reading keeps the free pages
+        pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
