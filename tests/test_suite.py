@@ -377,3 +377,27 @@ def test_progress_line_gives_the_budget_the_rate_and_the_time_left():
 def test_suite_refuses_jobs_below_one(tmp_path):
     with pytest.raises(ValueError, match="--jobs 0"):
         suite.run(lambda env: TrainConfig(), ["CartPole-v1"], 1, str(tmp_path), jobs=0)
+
+
+@pytest.mark.unit
+def test_a_rerun_extends_a_run_with_a_larger_budget_and_refuses_other_settings_even_when_finished(tmp_path):
+    """The comparison and suite drivers never remove a run with a checkpoint:
+    a larger budget resumes it, any other change is refused naming the setting,
+    finished or not (its results were made with the settings it has)."""
+    from seedq import config as config_lib
+    from seedq.bench.jobs import resume_args
+
+    config = TrainConfig(logdir=str(tmp_path / "run"), max_frames=20000)
+    (tmp_path / "run" / "checkpoints" / "step_000000496").mkdir(parents=True)
+    config_lib.save(config, str(tmp_path / "run" / "config.json"))
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"stop_reason": "max_frames", "frames": 20160}))
+    lines = []
+
+    assert resume_args(config, "[1/1]", lines.append) is None  # finished: skipped
+    bigger = dataclasses.replace(config, max_frames=40000)
+    assert resume_args(bigger, "[1/1]", lines.append) == ("--resume", config.logdir)
+    assert "extending the finished run" in lines[-1]
+    for changed in (dataclasses.replace(config, seed=3), dataclasses.replace(bigger, seed=3)):
+        with pytest.raises(ValueError, match=r"other settings \(seed: 0 -> 3\).*new --out"):
+            resume_args(changed, "[1/1]", lines.append)
+    assert (tmp_path / "run" / "checkpoints" / "step_000000496").is_dir()

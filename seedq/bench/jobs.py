@@ -272,8 +272,10 @@ def other_settings(config: TrainConfig) -> list[str]:
     if saved is None:
         return ["(it has no readable config.json)"]
     try:
-        saved = config_lib.migrated(saved)  # as this code reads it (seedq.config.layout)
-    except ValueError as e:
+        # As this code reads it (seedq.config.layout): a field the run's seedq
+        # did not have yet counts at its default.
+        saved = json.loads(json.dumps(to_dict(config_lib.from_saved(saved))))
+    except (ValueError, TypeError) as e:
         return [f"(its config.json cannot be read: {e})"]
     current = json.loads(json.dumps(to_dict(config)))  # JSON has no tuples
     for key in BUDGETS:
@@ -304,15 +306,17 @@ def resume_args(config: TrainConfig, what: str, log) -> tuple[str, ...] | None:
     naming them. Says which in `log`."""
     from seedq import checkpoint
 
-    if finished(config):
-        log(f"{what}: finished before, skipped")
-        return None
-    if checkpoint.has_checkpoint(config.logdir):
+    has_checkpoint = checkpoint.has_checkpoint(config.logdir)
+    if has_checkpoint:  # (a finished run too: its results were made with the settings it has)
         changed = other_settings(config)
         if changed:
             shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
             raise ValueError(f"{what}: {config.logdir} holds a run made with other settings ({shown}); "
                              "only --max-frames and --max-seconds extend a run: give a new --out")
+    if finished(config):
+        log(f"{what}: finished before, skipped")
+        return None
+    if has_checkpoint:
         stats = read_json(os.path.join(config.logdir, run_dirs.STATS)) or {}
         so_far = f" (about {stats['frames']:,} frames in)" if isinstance(stats.get("frames"), int) else ""
         if (read_json(os.path.join(config.logdir, run_dirs.SUMMARY)) or {}).get("stop_reason") in BUDGET_STOPS:
