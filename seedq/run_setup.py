@@ -120,13 +120,17 @@ def _fresh(layers: Sequence[Layer], *, overwrite: bool, check_dir: bool) -> Prep
 
 
 def _locks_before_start(layers: Sequence[Layer]) -> bool:
+    return locks_before_start(apply(TrainConfig(), layers).distributed)
+
+
+def locks_before_start(group) -> bool:
     """Whether this process takes its run directory's lock before the learner
-    starts: not when its supervisor holds it for it, not in a group's process
-    other than 0, and not in a group JAX detects (its process 0 is known only
-    once the group forms; seedq.local takes the lock then)."""
+    starts (`group`: its DistributedConfig): not when its supervisor holds it
+    for it, not in a group's process other than 0, and not in a group JAX
+    detects (its process 0 is known only once the group forms; seedq.local
+    takes the lock then)."""
     from seedq import distributed
 
-    group = apply(TrainConfig(), layers).distributed
     if run_dirs.holds_lock_already() or group.process_id > 0:
         return False
     return group.explicit or not distributed.needs_supervisor(group)

@@ -119,7 +119,9 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         group = config.distributed
         address = config.address
         held = False
-        if group.explicit and group.process_id == 0 and not run_dirs.holds_lock_already():
+        from seedq.run_setup import locks_before_start
+
+        if locks_before_start(group):  # (an explicit group's process 0 here)
             try:  # the supervisor holds the run's lock for its child (process 0)
                 run_dirs.hold(config.logdir, wait=args.resume == "auto")
             except exit_codes.UsageError as e:
