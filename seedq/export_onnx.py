@@ -314,6 +314,7 @@ def _body(g: _Graph, agent, params: dict, obs: str, first: str, state: dict[str,
     if network.action_low:
         low, high = np.asarray(network.action_low), np.asarray(network.action_high)
         bounded = np.isfinite(low) & np.isfinite(high)
+        low, high = np.where(bounded, low, 0.0), np.where(bounded, high, 0.0)  # no inf - inf
         center = _f32(np.where(bounded, (low + high) / 2, 0.0))
         half = _f32(np.where(bounded, (high - low) / 2, 1.0))
         squashed = g.op("Add", g.const(center, "center"), g.op("Mul", g.const(half, "half"), g.op("Tanh", mean)))
