@@ -355,6 +355,5 @@ def policy_model(agent, params, state_names: Sequence[str], example_state: dict)
         out = g.op("Identity", next_state[name], out=f"next_{name}")
         outputs.append(value_info(out, example_state[name].dtype, example_state[name].shape[1:]))
     graph = helper.make_graph(g.nodes, "seedq_policy", inputs, outputs, g.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="seedq")
-    model.ir_version = IR_VERSION
-    return model
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="seedq",
+                             ir_version=IR_VERSION)
