@@ -212,3 +212,48 @@ def test_a_network_the_writer_does_not_cover_is_one_line():
     with pytest.raises(UnsupportedNetwork, match="does not cover object") as refused:
         policy_model(agent, {}, [], {})
     assert "\n" not in str(refused.value)
+
+
+def test_a_pong_export_carries_its_frame_stack_through_real_frames_step_by_step(tmp_path):
+    """The written .onnx file, fed Pong's own frames one at a time: the frame
+    stack goes in and out as state (one symbolic batch size for every input,
+    output names apart from the inputs'); at every step onnxruntime's action
+    is the JAX policy's and its state the stack of the last three frames.
+    `seedq.load_policy` reads it back as an export too."""
+    from seedq import export
+    from seedq.envs import make_env
+    from seedq.policy import CheckpointBackend, Policy, PolicyInfo
+    from seedq.quant.mode import InferencePrecision
+
+    spec = _pong_spec()
+    config = _defaults(spec)
+    agent = _agent(config, spec)
+    params = _random_params(agent, seed=3)
+    example = agent.initial_core_state(1)
+    names = sorted(example)
+    assert names == ["frames"]
+    path = str(tmp_path / "policy.onnx")
+    export._write_onnx(agent, params, names, example, path)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["obs", "first", "frames"]
+    assert [o.name for o in session.get_outputs()] == export.output_names(names) == ["actions", "next_frames"]
+    info = PolicyInfo("ALE/Pong-v5", config.env_options, spec, "test", "fp32")
+    own = Policy(CheckpointBackend(InferencePrecision(agent, spec, "fp32"), params), info)
+    meta = {"state": export.state_meta(names, example)}
+    exported = Policy(export._ExportedBackend(meta, export._onnx_runner(path, ["obs", "first", *names])), info)
+
+    env = make_env("ALE/Pong-v5", config.env_options)
+    obs, _ = env.reset(seed=1)
+    frames = np.zeros((1, *example["frames"].shape[1:]), np.uint8)
+    rng, seen, chosen = np.random.default_rng(0), [obs], []
+    for t in range(60):
+        action, frames = session.run(None, {"obs": obs[None], "first": np.array([t == 0]), "frames": frames})
+        assert action[0] == own.predict(obs) == exported.predict(obs)
+        # The state: the last three frames, oldest first (the first one repeated at the episode's start).
+        np.testing.assert_array_equal(frames[0], np.stack(([seen[0]] * 3 + seen)[-3:], axis=-1))
+        chosen.append(int(action[0]))
+        obs, _, terminated, truncated, _ = env.step(action[0] if rng.random() < 0.7 else env.action_space.sample())
+        seen.append(obs)
+        assert not (terminated or truncated)
+    env.close()
+    assert len(set(chosen)) > 1, chosen  # the actions compared are real choices
