@@ -93,14 +93,6 @@ def _write_stablehlo(program, specs, path: str) -> None:
         f.write(exported.serialize())
 
 
-def _write_onnx(agent, params, names, example_state, path: str) -> None:
-    import onnx
-
-    from seedq.export_onnx import policy_model
-
-    onnx.save(policy_model(agent, params, names, example_state), path)
-
-
 def output_names(state_names) -> list[str]:
     """The program's outputs: the actions, then each state array as the next
     step takes it ("next_<name>": an ONNX graph's names are unique across its
@@ -145,13 +137,19 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
     run_precision = loaded.policy.precision
     spec = run_precision.spec
     program, names, example_state = _greedy_program(run_precision, loaded.policy.params)
+    if format == "onnx":  # built before `out` is made: a network the writer does not cover leaves nothing
+        from seedq.export_onnx import policy_model
+
+        model = policy_model(run_precision.agent, loaded.policy.params, names, example_state)
     os.makedirs(out, exist_ok=True)
     program_path = os.path.join(out, PROGRAM_FILES[format])
     if format == "stablehlo":
         (batch,) = jax.export.symbolic_shape("B")
         _write_stablehlo(program, _input_specs(spec, names, example_state, batch), program_path)
     else:
-        _write_onnx(run_precision.agent, loaded.policy.params, names, example_state, program_path)
+        import onnx
+
+        onnx.save(model, program_path)
     config = loaded.config
     meta = {
         "layout": EXPORT_LAYOUT,

@@ -222,6 +222,7 @@ def test_a_pong_export_carries_its_frame_stack_through_real_frames_step_by_step(
     `seedq.load_policy` reads it back as an export too."""
     from seedq import export
     from seedq.envs import make_env
+    from seedq.export_onnx import policy_model
     from seedq.policy import CheckpointBackend, Policy, PolicyInfo
     from seedq.quant.mode import InferencePrecision
 
@@ -233,7 +234,7 @@ def test_a_pong_export_carries_its_frame_stack_through_real_frames_step_by_step(
     names = sorted(example)
     assert names == ["frames"]
     path = str(tmp_path / "policy.onnx")
-    export._write_onnx(agent, params, names, example, path)
+    onnx.save(policy_model(agent, params, names, example), path)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["obs", "first", "frames"]
     assert [o.name for o in session.get_outputs()] == export.output_names(names) == ["actions", "next_frames"]
