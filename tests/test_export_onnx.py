@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnx
+import onnxruntime
 import pytest
 
 pytestmark = pytest.mark.unit
-
-onnx = pytest.importorskip("onnx")
-onnxruntime = pytest.importorskip("onnxruntime")
 
 # Both sides compute in float32 but sum in different orders (XLA's and
 # onnxruntime's kernels): a few ulps per layer, well under 1e-4 of values of
