@@ -278,14 +278,10 @@ def _policy_family(agent) -> type:
     return network
 
 
-def _body(g: _Graph, agent, params: dict, obs: str, first: str, state: dict[str, str]) -> tuple[str, dict]:
-    """(the greedy actions' tensor, {state name: next state tensor}) of `agent`'s greedy act."""
-    network = agent.network
-    family = _policy_family(agent)
-    p = params["params"]
-    spec = agent.spec
-    dtype, shape = np.dtype(spec.obs_dtype), tuple(agent.obs_shape)
-    next_state = {}
+def _network_input(g: _Graph, agent, params: dict, obs: str, first: str, state: dict[str, str]):
+    """The agent's act before its network: observation normalisation, the frame
+    stack. (network input, its dtype, {"frames": next stack} or {})."""
+    dtype, next_state = np.dtype(agent.spec.obs_dtype), {}
     if params.get("obs_stats") is not None:
         obs, dtype = normalized(g, obs, params["obs_stats"]), np.dtype(np.float32)
     if agent.frames is not None:
@@ -293,33 +289,50 @@ def _body(g: _Graph, agent, params: dict, obs: str, first: str, state: dict[str,
             obs = g.op("Unsqueeze", obs, g.const(np.array([-1], np.int64)))
         else:
             obs, next_state[FRAMES_KEY] = push_frame(g, state[FRAMES_KEY], obs, first)
-    if family is PolicyValueNetwork:
-        x = torso(g, agent.network_name, obs, dtype, shape, p, mlp_layers=len(network.hidden_sizes),
-                  mlp_activation="Tanh", mlp_layer_norm=network.layer_norm, cnn_channel_norm=network.cnn_channel_norm)
-    else:
-        x = torso(g, agent.network_name, obs, dtype, shape, p, mlp_layers=len(network.hidden_sizes),
-                  mlp_activation="Relu")
+    return obs, dtype, next_state
+
+
+def squashed_mean(g: _Graph, mean: str, action_low: Sequence[float], action_high: Sequence[float]) -> str:
+    """PolicyValueNetwork's Gaussian mean: tanh-squashed into [low, high] where both are finite."""
+    low, high = np.asarray(action_low), np.asarray(action_high)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    low, high = np.where(bounded, low, 0.0), np.where(bounded, high, 0.0)  # no inf - inf
+    center = _f32(np.where(bounded, (low + high) / 2, 0.0))
+    half = _f32(np.where(bounded, (high - low) / 2, 1.0))
+    squashed = g.op("Add", g.const(center, "center"), g.op("Mul", g.const(half, "half"), g.op("Tanh", mean)))
+    return g.op("Where", g.const(bounded, "bounded"), squashed, mean)
+
+
+def _greedy_actions(g: _Graph, network, x: str, p: dict) -> str:
+    """The greedy action from the core's features: argmax Q (RecurrentQNetwork),
+    argmax logits or the Gaussian's mean (PolicyValueNetwork)."""
+    if isinstance(network, RecurrentQNetwork):
+        return _argmax(g, dueling_head(g, x, p["DuelingHead_0"]))
+    if not network.continuous:
+        return _argmax(g, g.op("Identity", dense(g, x, p["policy"]), out="logits"))
+    mean = dense(g, x, p["policy"])
+    if network.action_low:
+        mean = squashed_mean(g, mean, network.action_low, network.action_high)
+    return g.op("Identity", g.op("Identity", mean, out="mean"), out="actions")
+
+
+def _body(g: _Graph, agent, params: dict, obs: str, first: str, state: dict[str, str]) -> tuple[str, dict]:
+    """(the greedy actions' tensor, {state name: next state tensor}) of `agent`'s greedy act."""
+    network, family, p = agent.network, _policy_family(agent), params["params"]
+    obs, dtype, next_state = _network_input(g, agent, params, obs, first, state)
+    # V-trace's MLPs are tanh, R2D2's ReLU; only V-trace's configure norms.
+    vtrace = family is PolicyValueNetwork
+    x = torso(g, agent.network_name, obs, dtype, tuple(agent.obs_shape), p, mlp_layers=len(network.hidden_sizes),
+              mlp_activation="Tanh" if vtrace else "Relu", mlp_layer_norm=network.layer_norm if vtrace else "none",
+              cnn_channel_norm=vtrace and network.cnn_channel_norm)
     if network.use_lstm:
         c_name, h_name = _LSTM_STATE[family]
         next_state[c_name], x = lstm_step(g, x, state[c_name], state[h_name], first, p["lstm"]["cell"],
                                           network.lstm_size)
         next_state[h_name] = x
-    elif family is RecurrentQNetwork:
+    elif not vtrace:  # R2D2's feed-forward control: a dense layer in the LSTM's place
         x = g.op("Relu", dense(g, x, p["feedforward"]))
-    if family is RecurrentQNetwork:
-        return _argmax(g, dueling_head(g, x, p["DuelingHead_0"])), next_state
-    if not network.continuous:
-        return _argmax(g, g.op("Identity", dense(g, x, p["policy"]), out="logits")), next_state
-    mean = dense(g, x, p["policy"])
-    if network.action_low:
-        low, high = np.asarray(network.action_low), np.asarray(network.action_high)
-        bounded = np.isfinite(low) & np.isfinite(high)
-        low, high = np.where(bounded, low, 0.0), np.where(bounded, high, 0.0)  # no inf - inf
-        center = _f32(np.where(bounded, (low + high) / 2, 0.0))
-        half = _f32(np.where(bounded, (high - low) / 2, 1.0))
-        squashed = g.op("Add", g.const(center, "center"), g.op("Mul", g.const(half, "half"), g.op("Tanh", mean)))
-        mean = g.op("Where", g.const(bounded, "bounded"), squashed, mean)
-    return g.op("Identity", g.op("Identity", mean, out="mean"), out="actions"), next_state
+    return _greedy_actions(g, network, x, p), next_state
 
 
 def policy_model(agent, params, state_names: Sequence[str], example_state: dict):
