@@ -7,7 +7,8 @@ carries, the precision) and the program itself, greedy actions only:
 * `policy.stablehlo`: a serialised `jax.export` program; it loads with JAX
   alone (plus flatbuffers, which JAX's deserialiser imports):
   `jax.export.deserialize(bytearray(data)).call(obs)`;
-* `policy.onnx`: one ONNX model (converted by jax2onnx); it loads with
+* `policy.onnx`: one ONNX model (its graph written by `seedq.export_onnx`
+  from the network's parameters, computed in float32); it loads with
   onnxruntime alone: `session.run(None, {"obs": obs})[0]`.
 
 The batch dimension is dynamic. A feed-forward policy takes one input, the
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 
 import numpy as np
@@ -93,48 +93,6 @@ def _write_stablehlo(program, specs, path: str) -> None:
         f.write(exported.serialize())
 
 
-def _write_onnx(program, specs, names, path: str) -> None:
-    try:
-        # jax2onnx logs a traceback for every optional plugin whose library is absent,
-        # and onnx_ir a warning per untyped shape constant it leaves out of the file.
-        for name in ("jax2onnx", "onnx_ir"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        from jax2onnx import to_onnx
-    except ImportError:
-        raise ValueError(
-            "--format onnx needs the jax2onnx converter (Python >= 3.11): pip install 'seedq[export]' "
-            "&& pip install --no-deps jax2onnx (its own dependencies would downgrade orbax-checkpoint)"
-        ) from None
-    input_names = ["obs"] if not names else ["obs", "first", *names]
-    try:
-        to_onnx(_without_unused_ops(program), list(specs), model_name="seedq_policy", return_mode="file",
-                output_path=path, input_names=input_names, output_names=output_names(names))
-    except Exception as e:  # noqa: BLE001 - a converter failure is one line naming the converter
-        # (jax2onnx cannot trace flax's scanned LSTM with a symbolic batch, for one.)
-        first_line = f"{type(e).__name__}: {e}".splitlines()[0]
-        raise ValueError(f"jax2onnx could not convert this policy ({first_line}); "
-                         "--format stablehlo exports every policy") from None
-
-
-def _without_unused_ops(program):
-    """`program` with the operations its outputs do not use removed (JAX's
-    dead-code elimination on its jaxpr): greedy actions leave the agent's
-    sampling unused, and ONNX has no counterpart of JAX's PRNG operations.
-    (JAX keeps `dce_jaxpr` internal; jit's own DCE happens later, in XLA,
-    which a jaxpr-to-ONNX converter never sees.)"""
-    import jax
-    from jax._src.interpreters.partial_eval import dce_jaxpr
-    from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
-
-    def pruned(*args):
-        closed = jax.make_jaxpr(program)(*args)
-        jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
-        out = jaxpr_as_fun(ClosedJaxpr(jaxpr, closed.consts))(*args)
-        return out[0] if len(out) == 1 else tuple(out)
-
-    return pruned
-
-
 def output_names(state_names) -> list[str]:
     """The program's outputs: the actions, then each state array as the next
     step takes it ("next_<name>": an ONNX graph's names are unique across its
@@ -160,10 +118,14 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
     if precision not in EXPORT_PRECISIONS:
         raise ValueError(f"--precision {precision}: choose one of {', '.join(EXPORT_PRECISIONS)}")
     if format == "onnx" and precision == "int8":
-        # jax2onnx writes int8 x int8 -> int32 matmuls as Gemm, which onnxruntime refuses
-        # for int8 inputs (its integer matmul is MatMulInteger).
-        raise ValueError("--format onnx --precision int8: onnxruntime cannot run jax2onnx's int8 matmuls; "
-                         "export int8 as stablehlo, or fp32 to ONNX (onnxruntime's quantizer makes int8 of it)")
+        # The ONNX graph is written in float32 (seedq.export_onnx).
+        raise ValueError("--format onnx --precision int8: the ONNX graph is float32; export int8 as stablehlo, "
+                         "or fp32 to ONNX (onnxruntime's quantizer makes int8 of it)")
+    if format == "onnx":
+        from seedq.extras import missing
+
+        if missing("onnx"):
+            raise ValueError("--format onnx needs the onnx package: pip install 'seedq[export]'")
     if os.path.exists(out) and os.listdir(out):
         raise ValueError(f"--out {out}: exists and is not empty")
     import jax
@@ -175,14 +137,19 @@ def export(path: str, out: str, *, format: str = "stablehlo", precision: str = "
     run_precision = loaded.policy.precision
     spec = run_precision.spec
     program, names, example_state = _greedy_program(run_precision, loaded.policy.params)
-    (batch,) = jax.export.symbolic_shape("B")
-    specs = _input_specs(spec, names, example_state, batch)
+    if format == "onnx":  # built before `out` is made: a network the writer does not cover leaves nothing
+        from seedq.export_onnx import policy_model
+
+        model = policy_model(run_precision.agent, loaded.policy.params, names, example_state)
     os.makedirs(out, exist_ok=True)
     program_path = os.path.join(out, PROGRAM_FILES[format])
     if format == "stablehlo":
-        _write_stablehlo(program, specs, program_path)
+        (batch,) = jax.export.symbolic_shape("B")
+        _write_stablehlo(program, _input_specs(spec, names, example_state, batch), program_path)
     else:
-        _write_onnx(program, specs, names, program_path)
+        import onnx
+
+        onnx.save(model, program_path)
     config = loaded.config
     meta = {
         "layout": EXPORT_LAYOUT,

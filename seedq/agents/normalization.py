@@ -68,9 +68,15 @@ def root_mean_square(stats: RunningStats) -> jax.Array:
     return jnp.where(stats.count > 1, jnp.sqrt(jnp.square(stats.mean) + var + _EPS), 1.0)
 
 
+def location_and_scale(stats: RunningStats) -> tuple[jax.Array, jax.Array]:
+    """(mean [D], std [D]) that `normalize` uses; std 1 until two observations were seen.
+    (The ONNX export writes them into its graph as constants.)"""
+    var = jnp.where(stats.count > 1, stats.m2 / jnp.maximum(stats.count, 1.0), 1.0)
+    return stats.mean, jnp.sqrt(var + _EPS)
+
+
 def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:
     """(x - mean) / std, clipped to +-CLIP; x [..., D]. Identity-scaled until two
     observations were seen. No gradient flows into the statistics."""
-    stats = jax.lax.stop_gradient(stats)
-    var = jnp.where(stats.count > 1, stats.m2 / jnp.maximum(stats.count, 1.0), 1.0)
-    return jnp.clip((x.astype(jnp.float32) - stats.mean) / jnp.sqrt(var + _EPS), -CLIP, CLIP)
+    mean, std = location_and_scale(jax.lax.stop_gradient(stats))
+    return jnp.clip((x.astype(jnp.float32) - mean) / std, -CLIP, CLIP)

@@ -18,7 +18,7 @@ def add_parsers(sub) -> None:
         description="Writes the greedy policy of a run (its newest checkpoint) or of a checkpoint to "
         "OUT: policy.json (observation and action spec, the env and the options that preprocess its "
         "observations) and policy.stablehlo (loads with JAX alone) or policy.onnx (loads with "
-        "onnxruntime alone; converting needs jax2onnx). seedq.load_policy(OUT) reads either.",
+        "onnxruntime alone). seedq.load_policy(OUT) reads either.",
         formatter_class=HelpFormatter,
     )
     export.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT",
