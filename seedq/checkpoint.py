@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from seedq import run_dirs
+from seedq.config.state_layout import STATE_LAYOUT_KEY, STATE_LAYOUT_VERSION, migrated_state, saved_state_layout
 
 FORMAT_VERSION = 1
 # Meta key of the `seedq.__version__` that wrote a checkpoint (absent before it was recorded).
@@ -83,6 +84,7 @@ class Snapshot:
 
         meta = {
             "format_version": FORMAT_VERSION,
+            STATE_LAYOUT_KEY: STATE_LAYOUT_VERSION,
             WRITER_KEY: seedq.__version__,
             "counters": self.counters,
             "episode_window": self.episode_window,
@@ -447,12 +449,23 @@ def describe_mismatch(saved_tree, like_tree) -> str | None:
     return None
 
 
+def _in_this_layout(tree: dict, step_dir: str, meta: dict) -> dict:
+    """A saved state tree (arrays or their metadata) migrated from the layout
+    the checkpoint records to this code's (seedq.config.state_layout)."""
+    try:
+        return migrated_state(tree, saved_state_layout(meta))
+    except ValueError as e:
+        raise CheckpointError(f"{step_dir} (written by {written_by(meta)}): {e}") from None
+
+
 def _check(reader, step: int, step_dir: str, meta: dict, like_tree, env: str | None) -> None:
     try:
         saved = reader.item_metadata(step)["state"]
         saved = getattr(saved, "tree", saved)
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is one clear line
         raise CheckpointError(f"{step_dir}: unreadable checkpoint ({_first_line(e)})") from None
+    if saved is not None:
+        saved = _in_this_layout(saved, step_dir, meta)
     mismatch = describe_mismatch(saved, like_tree) if saved is not None else None
     if mismatch:
         import seedq
@@ -519,14 +532,18 @@ def restore(
     like = _state_tree(like_state, like_rng)
     reader = _reader(root)
     _check(reader, step, step_dir, meta, like, env)
+    # A state saved in this layout restores into `like`'s shapes and
+    # placement; an older one restores as saved, then migrates.
+    current = saved_state_layout(meta) == STATE_LAYOUT_VERSION
     try:
-        restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like)))
+        restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like if current else None)))
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{step_dir}: could not restore ({_first_line(e)})") from None
-    state = serialization.from_state_dict(jax.device_get(like_state), restored["state"]["learner"])
+    saved = restored["state"] if current else _in_this_layout(restored["state"], step_dir, meta)
+    state = serialization.from_state_dict(jax.device_get(like_state), saved["learner"])
     snapshot = Snapshot(
         state=state,
-        rng=np.asarray(restored["state"]["rng"]),
+        rng=np.asarray(saved["rng"]),
         counters=dict(meta["counters"]),
         episode_window=dict(meta.get("episode_window") or {"returns": [], "lengths": []}),
         target=dict(meta.get("target") or {}),

@@ -53,6 +53,8 @@ def _config_rows(cls, prefix: str = ""):
 def config_markdown() -> str:
     from seedq import config
 
+    from seedq.config.state_layout import STATE_LAYOUT_VERSION
+
     out = [HEADER, "# Config reference\n"]
     out.append(textwrap.dedent(f"""
         A run is described by one frozen `TrainConfig` (`seedq/config/`) with
@@ -71,7 +73,17 @@ def config_markdown() -> str:
         through the migration steps in `seedq/config/layout.py` (layout 0, from
         before the version was recorded: fields that V-trace runs lacked take
         the values they ran with); one of a newer or unknown layout is refused
-        in one line.
+        in one line. A checkpoint's learner state records its own layout
+        (`state_layout`, now {STATE_LAYOUT_VERSION}; migrations in
+        `seedq/config/state_layout.py`; layout 0: V-trace's annealed runs kept a
+        count of their own in Adam's state, dropped on restore).
+
+        The optimizer's fields (`learning_rate`, `learning_rate_decay_frames`,
+        `adam_eps`, `max_grad_norm`) are declared once (`OptimizerConfig`,
+        `seedq/config/optimizer.py`) and both agents' sections have them under
+        the names they always had (`--vtrace.learning-rate`,
+        `--r2d2.learning-rate`): no field has moved or been renamed, so there is
+        no old-to-new mapping.
 
         Choices: agent {", ".join(config.AGENTS)}; architecture {", ".join(config.ARCHITECTURES)};
         precision {", ".join(config.PRECISIONS)}.

@@ -93,8 +93,18 @@ def metavar(hint) -> str:
 @functools.lru_cache(maxsize=None)
 def field_comments(cls) -> dict[str, str]:
     """{field name: its comment} for a dataclass: the comment block right above
-    the field plus a comment at the end of its line, joined into one sentence.
+    the field plus a comment at the end of its line, joined into one sentence;
+    an inherited field's from the class that declares it.
     (Cached: the CLI asks for every field of every section.)"""
+    out = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(_declared_field_comments(klass))
+    return out
+
+
+def _declared_field_comments(cls) -> dict[str, str]:
+    """`field_comments` of the fields declared in `cls`'s own body."""
     lines, _ = inspect.getsourcelines(cls)
     source = textwrap.dedent("".join(lines))
     inline: dict[int, str] = {}

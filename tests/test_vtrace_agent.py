@@ -518,12 +518,11 @@ def test_update_merges_the_batch_into_the_published_statistics():
 
 @pytest.mark.unit
 def test_learning_rate_decays_linearly_to_zero_over_the_trained_frames():
-    from seedq.agents.vtrace.agent import learning_rate_schedule
-
     config = VTraceConfig(learning_rate=6e-4, learning_rate_decay_frames=160_000, reuse=1)  # 16 x 10 per step
-    schedule = learning_rate_schedule(config)
+    schedule = VTraceAgent(CARTPOLE, config).learning_rate
     assert [float(schedule(s)) for s in (0, 500, 1000, 2000)] == pytest.approx([6e-4, 3e-4, 0.0, 0.0])
-    assert float(learning_rate_schedule(VTraceConfig(learning_rate_decay_frames=0))(10**6)) == pytest.approx(1e-3)
+    constant = VTraceAgent(CARTPOLE, VTraceConfig(learning_rate_decay_frames=0)).learning_rate
+    assert float(constant(10**6)) == pytest.approx(1e-3)
     # The optimiser really uses it: 2 steps of horizon move the parameters, the third does not.
     agent = VTraceAgent(CARTPOLE, dataclasses.replace(config, learning_rate_decay_frames=2 * 16 * 10))
     state = agent.init(jax.random.PRNGKey(0))
@@ -612,13 +611,12 @@ def test_the_anneal_horizon_is_the_runs_frame_budget():
     """-1 (the default) anneals over max_frames; without one over DEFAULT_DECAY_FRAMES;
     reuse trains each batch several times without shortening the horizon in env frames."""
     from seedq.agents import make_agent
-    from seedq.config import DEFAULT_DECAY_FRAMES, TrainConfig, agent_config_for_run
+    from seedq.config import DEFAULT_DECAY_FRAMES, TrainConfig
 
     assert VTraceConfig().learning_rate_decay_frames == -1
-    assert agent_config_for_run(TrainConfig(max_frames=500_000)).learning_rate_decay_frames == 500_000
-    assert agent_config_for_run(TrainConfig()).learning_rate_decay_frames == DEFAULT_DECAY_FRAMES
-    constant = TrainConfig(max_frames=500_000, vtrace=VTraceConfig(learning_rate_decay_frames=0))
-    assert agent_config_for_run(constant).learning_rate_decay_frames == 0
+    assert VTraceConfig().decay_frames_for(500_000) == 500_000
+    assert VTraceConfig().decay_frames_for(0) == DEFAULT_DECAY_FRAMES
+    assert VTraceConfig(learning_rate_decay_frames=0).decay_frames_for(500_000) == 0
 
     frames_per_step = 16 * 10
     agent = make_agent(TrainConfig(max_frames=500_000, vtrace=VTraceConfig(reuse=1)), CARTPOLE)

@@ -8,17 +8,16 @@ def make_agent(config, spec):
 
     Agents are precision-free: inference precision is a mode of whoever acts
     (`seedq.quant.mode.InferencePrecision`)."""
-    from seedq.config import agent_config_for_run
-
     if config.agent == "vtrace":
         from seedq.agents.vtrace.agent import VTraceAgent
 
-        return VTraceAgent(spec, agent_config_for_run(config), frame_stack=config.frame_stack, seed=config.seed)
+        return VTraceAgent(spec, config.vtrace, frame_stack=config.frame_stack, seed=config.seed,
+                           max_frames=config.max_frames)
     if config.agent == "r2d2":
         from seedq.agents.r2d2.agent import R2D2Agent
 
         return R2D2Agent(
-            spec, agent_config_for_run(config), num_envs=config.num_actors * config.envs_per_actor,
-            seed=config.seed, frame_stack=config.frame_stack,
+            spec, config.r2d2, num_envs=config.num_actors * config.envs_per_actor,
+            seed=config.seed, frame_stack=config.frame_stack, max_frames=config.max_frames,
         )
     raise ValueError(f"agent={config.agent!r} is not available")

@@ -3,7 +3,8 @@
 One `TrainConfig` (`run`) describes a whole run. Nested sections are frozen
 dataclasses too, each in its own module with its checks beside it: the
 server and the actor channel (`server`), env preprocessing (`env_options`),
-the agents (`vtrace`, `r2d2`), devices and process groups (`devices`). The
+the agents (`vtrace`, `r2d2`) and the optimizer fields both inherit
+(`optimizer`), devices and process groups (`devices`). The
 CLI derives one flag per field (`--num-actors`, `--vtrace.learning-rate`,
 ...) from these definitions, so a field added here is overridable without
 touching the CLI. Every run writes the resolved config to `config.json` in
@@ -20,9 +21,10 @@ from seedq.config.files import from_dict, from_saved, load, read_json, save, sav
 from seedq.config.layout import LAYOUT_VERSION, migrated
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.run import (
-    ACTOR_PRECISIONS, AGENTS, ARCHITECTURES, DEFAULT_DECAY_FRAMES, PRECISIONS, QuantConfig, TrainConfig,
-    agent_config_for_run, defaults_for, is_pixel_observation,
+    ACTOR_PRECISIONS, AGENTS, ARCHITECTURES, PRECISIONS, QuantConfig, TrainConfig, defaults_for,
+    is_pixel_observation,
 )
+from seedq.config.optimizer import DEFAULT_DECAY_FRAMES, OptimizerConfig
 from seedq.config.server import (
     BATCHING_RULES, QUEUE_FULL_RULES, ActorChannelConfig, ActorTlsConfig, AuthConfig, ServerConfig, TlsConfig,
     check_batching_rule,
@@ -34,9 +36,9 @@ __all__ = [
     "ACTOR_PRECISIONS", "AGENTS", "ARCHITECTURES", "BATCHING_RULES", "CONTINUOUS_VTRACE", "DEFAULT_DECAY_FRAMES",
     "LAYER_NORM_MODES", "LAYOUT_VERSION", "NETWORK_CHOICES", "PIXEL_VTRACE", "PRECISIONS", "QUEUE_FULL_RULES",
     "ActorChannelConfig", "ActorTlsConfig", "AtariConfig", "AuthConfig", "DevicesConfig", "DistributedConfig",
-    "DmcConfig", "EnvOptions", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
+    "DmcConfig", "EnvOptions", "OptimizerConfig", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
     "VTraceConfig", "WandbConfig",
-    "agent_config_for_run", "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
+    "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
     "is_pixel_observation",
     "load", "migrated", "read_json", "save", "saved_dict", "to_dict", "updated",
 ]

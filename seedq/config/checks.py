@@ -33,12 +33,6 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r}: choose one of {', '.join(choices)}")
 
 
-def check_decay_frames(section: str, frames: int) -> None:
-    """ValueError unless an anneal horizon is >= 0 or -1 (the run's budget)."""
-    if frames < -1:
-        raise ValueError(f"{section}.learning_rate_decay_frames={frames}: must be >= 0, or -1 (over the run's max_frames)")
-
-
 def check_channel(keepalive_seconds: float, peer_timeout_seconds: float, prefix: str) -> None:
     """ValueError unless 0 < keepalive < peer timeout (a ping must fit in the timeout)."""
     if keepalive_seconds <= 0:

@@ -6,13 +6,15 @@ import dataclasses
 import typing
 
 from seedq.config.checks import (
-    NETWORK_CHOICES, check_choice, check_decay_frames, check_non_negative, check_positive, check_unit_interval,
+    NETWORK_CHOICES, check_choice, check_non_negative, check_positive, check_unit_interval,
 )
+from seedq.config.optimizer import OptimizerConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class R2D2Config:
-    """R2D2 (recurrent Q-learning, prioritized sequence replay) hyperparameters.
+class R2D2Config(OptimizerConfig):
+    """R2D2 (recurrent Q-learning, prioritized sequence replay) hyperparameters
+    (and the optimizer's, `OptimizerConfig`).
 
     Sequences are burn_in + trace_length + n_step steps long and overlap by
     burn_in + n_step, so every step is in exactly one sequence's loss region.
@@ -34,15 +36,6 @@ class R2D2Config:
     discount: float = 0.99  # reward discount per step (gamma)
     # Sequences per train step.
     batch_size: int = 16
-    learning_rate: float = 1e-3  # Adam's learning rate
-    # As vtrace.learning_rate_decay_frames: linear to 0 over this many env
-    # frames (a train step counts batch_size x trace_length / replay_ratio of
-    # them), 0: constant, -1: over the run's budget (DEFAULT_DECAY_FRAMES
-    # without one).
-    learning_rate_decay_frames: int = -1
-    adam_eps: float = 1e-8  # Adam's epsilon
-    # Gradients are clipped to this global norm.
-    max_grad_norm: float = 10.0
     # Online parameters are copied to the target network every this many updates.
     target_update_period: int = 200
     # Torso: auto (mlp for vectors; for images [H, W, C] small_cnn below 36
@@ -97,7 +90,7 @@ class R2D2Config:
     def validate(self, num_envs: int) -> None:
         """`num_envs`: the run's envs (num_actors x envs_per_actor), of which eval_envs evaluate."""
         check_positive({f"r2d2.{name}": getattr(self, name) for name in (
-            "trace_length", "n_step", "batch_size", "learning_rate", "target_update_period",
+            "trace_length", "n_step", "batch_size", "target_update_period",
             "lstm_size", "head_hidden_size", "replay_capacity", "min_replay_size",
         )})
         check_non_negative({f"r2d2.{name}": getattr(self, name) for name in (
@@ -107,7 +100,7 @@ class R2D2Config:
         check_unit_interval({f"r2d2.{name}": getattr(self, name) for name in (
             "discount", "priority_eta", "epsilon_base", "eval_epsilon", "report_epsilon",
         )})
-        check_decay_frames("r2d2", self.learning_rate_decay_frames)
+        self.check_optimizer("r2d2")
         check_choice("r2d2.network", self.network, NETWORK_CHOICES)
         if self.min_replay_size > self.replay_capacity:
             raise ValueError(

@@ -275,23 +275,6 @@ class TrainConfig:
         )
 
 
-# The learning rate's anneal horizon (vtrace.learning_rate_decay_frames -1)
-# for a run without max_frames: twice the suite's longest non-Atari budget
-# (5M). Past it the rate is 0, so a longer run needs --max-frames (or an
-# explicit horizon) to keep learning.
-DEFAULT_DECAY_FRAMES = 10_000_000
-
-
-def agent_config_for_run(config: "TrainConfig") -> "VTraceConfig | R2D2Config":
-    """The run's agent section (config.vtrace or config.r2d2) with the anneal
-    horizon -1 resolved against the run's budget."""
-    section = config.agent_section
-    if section.learning_rate_decay_frames != -1:
-        return section
-    horizon = config.max_frames or DEFAULT_DECAY_FRAMES
-    return dataclasses.replace(section, learning_rate_decay_frames=horizon)
-
-
 # Observations count as pixels from this side up (uint8 frames): the Nature
 # CNN's smallest input. MinAtar's 10x10 grids keep the small-env defaults.
 PIXEL_MIN_SIDE = 36

@@ -7,8 +7,9 @@ import typing
 import math
 
 from seedq.config.checks import (
-    NETWORK_CHOICES, check_choice, check_decay_frames, check_non_negative, check_positive, check_unit_interval,
+    NETWORK_CHOICES, check_choice, check_non_negative, check_positive, check_unit_interval,
 )
+from seedq.config.optimizer import OptimizerConfig
 
 
 # Where the MLP torsos normalise their pre-activations (VTraceConfig.layer_norm).
@@ -16,8 +17,8 @@ LAYER_NORM_MODES = ("none", "first_layer", "all_layers")
 
 
 @dataclasses.dataclass(frozen=True)
-class VTraceConfig:
-    """IMPALA / V-trace hyperparameters."""
+class VTraceConfig(OptimizerConfig):
+    """IMPALA / V-trace hyperparameters (and the optimizer's, `OptimizerConfig`)."""
 
     # The fields that set the learner's work per frame (benchmarks echo them).
     WORK_PER_FRAME_FIELDS: typing.ClassVar[tuple[str, ...]] = ("batch_size", "unroll_length", "lookahead", "reuse")
@@ -51,16 +52,6 @@ class VTraceConfig:
     # lets the sampled policy, which the returns are measured on, sharpen as
     # learning ends.
     anneal_entropy_cost: bool = True
-    # Adam's learning rate (the start of the anneal below).
-    learning_rate: float = 1e-3
-    # > 0: the learning rate falls linearly from learning_rate to 0 over this many
-    # trained env frames (train steps x batch_size x unroll_length / reuse), then
-    # stays 0; 0: constant; -1: over the run's budget, max_frames, or
-    # DEFAULT_DECAY_FRAMES when the run has none. Annealing keeps a solved run
-    # from unlearning.
-    learning_rate_decay_frames: int = -1
-    adam_eps: float = 1e-8  # Adam's epsilon
-    max_grad_norm: float = 10.0  # gradients are clipped to this global norm
     # Training rewards are clipped to [-reward_clip, reward_clip] where the
     # learner records them (the acting core; returns are reported unclipped);
     # 0: no clipping, except Atari's [-1, 1] (atari.clip_rewards).
@@ -145,10 +136,9 @@ class VTraceConfig:
         check_positive({
             "vtrace.unroll_length": self.unroll_length,
             "vtrace.batch_size": self.batch_size,
-            "vtrace.learning_rate": self.learning_rate,
             "vtrace.lstm_size": self.lstm_size,
         })
-        check_decay_frames("vtrace", self.learning_rate_decay_frames)
+        self.check_optimizer("vtrace")
         if self.reuse < 1:
             raise ValueError(f"vtrace.reuse={self.reuse}: must be >= 1")
         if self.reuse_pool < 1:

@@ -34,10 +34,10 @@ import optax
 
 from seedq import schema
 from seedq.schema import EnvSpec, SequenceSpec, StepFieldSpec
-from seedq.agents import schedules
 from seedq.agents.base import Agent
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
+from seedq.agents.optimizer import Optimizer
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
@@ -81,7 +81,8 @@ class R2D2Agent(Agent):
     evaluation_modes = ("greedy", "eps")
 
     def __init__(self, spec: EnvSpec, config: R2D2Config, num_envs: int, seed: int = 0,
-                 frame_stack: int = 4):
+                 frame_stack: int = 4, max_frames: int = 0):
+        """`max_frames`: the run's budget (0: none), the anneal's horizon by default."""
         if not spec.discrete:
             raise ValueError(
                 f"the r2d2 agent needs a Discrete action space; this env has {spec.action_text()}"
@@ -106,16 +107,8 @@ class R2D2Agent(Agent):
         )
         # Each sequence's loss region is trace_length new frames, sampled replay_ratio times.
         frames_per_step = config.batch_size * config.trace_length / (config.replay_ratio or 1.0)
-        self.learning_rate = schedules.annealed_learning_rate(
-            config.learning_rate, config.learning_rate_decay_frames, frames_per_step)
-        # Adam keeps the constant rate, and `update` scales its step by the
-        # anneal: Adam's state then holds no schedule count, so every R2D2
-        # checkpoint has one layout, annealed or not, and a config.json without
-        # learning_rate_decay_frames restores into it.
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adam(config.learning_rate, eps=config.adam_eps),
-        )
+        self.optimizer = Optimizer(config, frames_per_step, max_frames)
+        self.learning_rate = self.optimizer.learning_rate
 
     # --- acting (inference server) ---
 
@@ -294,9 +287,7 @@ class R2D2Agent(Agent):
         grads, (metrics, priorities) = jax.grad(self.loss, has_aux=True)(
             state.params, state.target_params, batch
         )
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        learning_rate = self.learning_rate(state.step)
-        updates = optax.tree.scale(learning_rate / self.config.learning_rate, updates)
+        updates, opt_state, learning_rate = self.optimizer.update(grads, state.opt_state, state.params, state.step)
         params = optax.apply_updates(state.params, updates)
         step = state.step + 1
         target_params = optax.periodic_update(

@@ -25,9 +25,10 @@ import optax
 
 from seedq.agents.base import Agent, FifoBatches
 from seedq.schema import SequenceSpec, StepFieldSpec
-from seedq.agents import health, normalization, schedules
+from seedq.agents import health, normalization
 from seedq.agents.frames import frame_stacker
 from seedq.agents.networks import choose_network
+from seedq.agents.optimizer import Optimizer
 from seedq.agents.vtrace import losses
 from seedq.agents.vtrace.networks import Categorical, DiagonalGaussian, PolicyValueNetwork
 from seedq.config import VTraceConfig
@@ -53,29 +54,21 @@ def _frames_per_step(config: VTraceConfig) -> float:
     return config.batch_size * config.unroll_length / config.reuse
 
 
-def learning_rate_schedule(config: VTraceConfig) -> optax.Schedule:
-    """Learning rate by train step (`schedules.annealed_learning_rate`)."""
-    return schedules.annealed_learning_rate(
-        config.learning_rate, config.learning_rate_decay_frames, _frames_per_step(config))
-
-
-def entropy_cost_schedule(config: VTraceConfig) -> optax.Schedule:
+def entropy_cost_schedule(config: VTraceConfig, optimizer: Optimizer) -> optax.Schedule:
     """The entropy bonus's coefficient by train step: constant, or falling to 0
     with the learning rate (`anneal_entropy_cost`, the same horizon)."""
     if not config.anneal_entropy_cost:
         return optax.constant_schedule(config.entropy_cost)
-    return schedules.annealed_learning_rate(
-        config.entropy_cost, config.learning_rate_decay_frames, _frames_per_step(config))
+    return optimizer.annealed(config.entropy_cost)
 
 
-def lookahead_schedule(config: VTraceConfig) -> optax.Schedule:
+def lookahead_schedule(config: VTraceConfig, optimizer: Optimizer) -> optax.Schedule:
     """How many lookahead steps the targets use, by train step: all of them, or
     (`grow_lookahead`) a reach rising from 0 to `lookahead` as the learning rate
     falls (the same horizon; all of them when the rate is constant)."""
-    if not config.grow_lookahead or not config.learning_rate_decay_frames:
+    if not config.grow_lookahead or not optimizer.anneals:
         return optax.constant_schedule(float(config.lookahead))
-    falling = schedules.annealed_learning_rate(
-        float(config.lookahead), config.learning_rate_decay_frames, _frames_per_step(config))
+    falling = optimizer.annealed(float(config.lookahead))
     return lambda step: config.lookahead - falling(step)
 
 
@@ -88,7 +81,9 @@ class VTraceAgent(Agent):
     `use_lstm`; empty for an MLP on vectors.
     """
 
-    def __init__(self, spec: EnvSpec, config: VTraceConfig, frame_stack: int = 4, seed: int = 0):
+    def __init__(self, spec: EnvSpec, config: VTraceConfig, frame_stack: int = 4, seed: int = 0,
+                 max_frames: int = 0):
+        """`max_frames`: the run's budget (0: none), the anneal's horizon by default."""
         if spec.discrete:
             self.policy = Categorical(spec.num_actions)
         elif len(spec.action_shape) == 1:
@@ -126,17 +121,10 @@ class VTraceAgent(Agent):
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )
-        self.learning_rate = learning_rate_schedule(config)
-        self.entropy_cost = entropy_cost_schedule(config)
-        self.lookahead = lookahead_schedule(config)
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(config.max_grad_norm),
-            # A constant rate stays a float: a schedule adds a step count to
-            # the optimiser state, which would change the layout of a
-            # constant-rate run's checkpoints and stop saved ones restoring.
-            optax.adam(self.learning_rate if config.learning_rate_decay_frames else config.learning_rate,
-                       eps=config.adam_eps),
-        )
+        self.optimizer = Optimizer(config, _frames_per_step(config), max_frames)
+        self.learning_rate = self.optimizer.learning_rate
+        self.entropy_cost = entropy_cost_schedule(config, self.optimizer)
+        self.lookahead = lookahead_schedule(config, self.optimizer)
 
     def _split(self, params):
         """(network variables, observation statistics or None)."""
@@ -367,7 +355,7 @@ class VTraceAgent(Agent):
 
     def update(self, state: LearnerState, batch: dict[str, jax.Array]):
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, batch, state.step)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        updates, opt_state, learning_rate = self.optimizer.update(grads, state.opt_state, state.params, state.step)
         params = optax.apply_updates(state.params, updates)
         if self.normalize:  # the statistics get no gradient; they are merged here
             # The lookahead's steps are counted with the unrolls that train on them.
@@ -380,5 +368,5 @@ class VTraceAgent(Agent):
             )
             params = {**params, "return_stats": stats._asdict()}
         metrics["grad_norm"] = optax.tree.norm(grads)
-        metrics["learning_rate"] = self.learning_rate(state.step)
+        metrics["learning_rate"] = learning_rate
         return LearnerState(params, opt_state, state.step + 1), metrics
