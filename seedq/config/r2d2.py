@@ -87,6 +87,12 @@ class R2D2Config(OptimizerConfig):
     # empty replay (and nothing of it is saved).
     checkpoint_replay: bool = True
 
+    @property
+    def new_frames_per_train_step(self) -> float:
+        """New env frames one train step consumes: each sequence's loss region
+        of trace_length frames is sampled replay_ratio times."""
+        return self.batch_size * self.trace_length / (self.replay_ratio or 1.0)
+
     def validate(self, num_envs: int) -> None:
         """`num_envs`: the run's envs (num_actors x envs_per_actor), of which eval_envs evaluate."""
         check_positive({f"r2d2.{name}": getattr(self, name) for name in (

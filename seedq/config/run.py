@@ -243,12 +243,8 @@ class TrainConfig:
 
     @property
     def new_frames_per_train_step(self) -> float:
-        """New env frames one train step consumes: V-trace trains each batch of
-        batch_size x unroll_length frames `reuse` times; R2D2 samples each
-        sequence's trace_length frames replay_ratio times."""
-        if self.agent == "r2d2":
-            return self.r2d2.batch_size * self.r2d2.trace_length / (self.r2d2.replay_ratio or 1.0)
-        return self.vtrace.batch_size * self.vtrace.unroll_length / self.vtrace.reuse
+        """New env frames one train step of the run's agent consumes."""
+        return self.agent_section.new_frames_per_train_step
 
     @property
     def checkpoints_replay(self) -> bool:

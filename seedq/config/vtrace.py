@@ -126,6 +126,12 @@ class VTraceConfig(OptimizerConfig):
     # layer and ignore it (on for pixel envs, which may pick impala_cnn).
     cnn_channel_norm: bool = False
 
+    @property
+    def new_frames_per_train_step(self) -> float:
+        """New env frames one train step consumes: batch_size x unroll_length,
+        each batch counted once however often `reuse` trains on it."""
+        return self.batch_size * self.unroll_length / self.reuse
+
     def validate(self) -> None:
         check_choice("vtrace.layer_norm", self.layer_norm, LAYER_NORM_MODES)
         if not 0.0 <= self.min_std < math.exp(self.initial_log_std):

@@ -105,9 +105,7 @@ class R2D2Agent(Agent):
             head_hidden_size=config.head_hidden_size,
             use_lstm=config.use_lstm,
         )
-        # Each sequence's loss region is trace_length new frames, sampled replay_ratio times.
-        frames_per_step = config.batch_size * config.trace_length / (config.replay_ratio or 1.0)
-        self.optimizer = Optimizer(config, frames_per_step, max_frames)
+        self.optimizer = Optimizer(config, config.new_frames_per_train_step, max_frames)
         self.learning_rate = self.optimizer.learning_rate
 
     # --- acting (inference server) ---

@@ -48,12 +48,6 @@ STATISTICS = ("obs_stats", "return_stats")
 RETURN_BATCH = "_return_batch"
 
 
-def _frames_per_step(config: VTraceConfig) -> float:
-    """New env frames per train step: batch_size x unroll_length, each batch
-    counted once however often `reuse` trains on it."""
-    return config.batch_size * config.unroll_length / config.reuse
-
-
 def entropy_cost_schedule(config: VTraceConfig, optimizer: Optimizer) -> optax.Schedule:
     """The entropy bonus's coefficient by train step: constant, or falling to 0
     with the learning rate (`anneal_entropy_cost`, the same horizon)."""
@@ -121,7 +115,7 @@ class VTraceAgent(Agent):
             action_low=tuple(spec.action_low),
             action_high=tuple(spec.action_high),
         )
-        self.optimizer = Optimizer(config, _frames_per_step(config), max_frames)
+        self.optimizer = Optimizer(config, config.new_frames_per_train_step, max_frames)
         self.learning_rate = self.optimizer.learning_rate
         self.entropy_cost = entropy_cost_schedule(config, self.optimizer)
         self.lookahead = lookahead_schedule(config, self.optimizer)
