@@ -60,12 +60,21 @@ class ServerConfig:
     # address, loopback for a unix socket; 0: off): Kubernetes' gRPC probes cannot speak
     # TLS, and this port answers health checks only (no training RPC).
     health_port: int = 0
+    # Processes that serve the actors' streams (gRPC, credentials, the health
+    # service, handshakes, decoding), all on the learner's TCP port
+    # (SO_REUSEPORT: the kernel spreads connections over them); they hand each
+    # decoded step to the learner's process, which batches, acts and trains
+    # (seedq.server.ingress). 1: the learner's process serves the streams itself.
+    ingress_processes: int = 1
 
     def validate(self) -> None:
         check_positive({
             "server.max_batch_size": self.max_batch_size,
             "server.queue_capacity_unrolls": self.queue_capacity_unrolls,
+            "server.ingress_processes": self.ingress_processes,
         })
+        if self.ingress_processes > 1 and self.health_port:
+            raise ValueError("server.health_port is served by one process: it needs server.ingress_processes=1")
         check_channel(self.keepalive_seconds, self.peer_timeout_seconds, "server.")
         check_batching_rule(self.batching)
         check_choice("server.queue_full", self.queue_full, QUEUE_FULL_RULES)
