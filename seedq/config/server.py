@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from seedq.exit_codes import UsageError
 from seedq.config.checks import check_channel, check_choice, check_non_negative, check_positive
 
 
@@ -80,6 +81,12 @@ class ServerConfig:
         check_choice("server.queue_full", self.queue_full, QUEUE_FULL_RULES)
         check_non_negative({"server.batch_timeout_ms": self.batch_timeout_ms, "server.health_port": self.health_port,
                             "server.max_envs": self.max_envs})
+
+    def check_address(self, address: str) -> None:
+        """UsageError (one line) where the ingress processes cannot serve `address`."""
+        if self.ingress_processes > 1 and address.startswith("unix:"):
+            raise UsageError(f"server.ingress_processes={self.ingress_processes} needs a TCP address "
+                             f"(--address host:port): a unix socket is served by one process")
 
 
 @dataclasses.dataclass(frozen=True)

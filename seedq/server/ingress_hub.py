@@ -28,13 +28,6 @@ log = logging.getLogger("seedq.server")
 START_SECONDS = 120.0
 
 
-def check_address(address: str, processes: int) -> None:
-    """ValueError (one line) where `processes` ingress processes cannot serve `address`."""
-    if processes > 1 and address.startswith("unix:"):
-        raise ValueError(f"server.ingress_processes={processes} needs a TCP address: a unix socket "
-                         f"({address}) is served by one process")
-
-
 def reserve_port(address: str) -> tuple[socket.socket, str]:
     """A bound (not listening) SO_REUSEPORT socket on `address`'s host and port
     (a free one for port 0), held while the ingress processes bind the same
@@ -78,7 +71,7 @@ class IngressHub:
     async def start(self, address: str) -> str:
         """Starts every ingress process serving `address`; returns the address actors dial."""
         count = self._config.server.ingress_processes
-        check_address(address, count)
+        self._config.server.check_address(address)
         reserved, address = reserve_port(address)
         ctx = multiprocessing.get_context("spawn")  # never fork a process that imported JAX
         links = []
