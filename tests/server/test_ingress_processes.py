@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
+from seedq import channel as channel_lib
 from seedq import exit_codes
 from seedq.config import AuthConfig
 from seedq.envs import env_spec, run_defaults
@@ -33,6 +34,8 @@ TOKEN = "ingress-test-token"
 # Connections opened until both ingress processes have served one: the kernel
 # spreads them by a hash of their addresses, so a few suffice (bounded).
 MAX_CONNECTIONS = 40
+# The learner's env-slot budget (server.max_envs): above what the tests hold at once.
+SLOT_BUDGET = 128
 
 
 def learner_config(tmp_path, **server):
@@ -41,7 +44,7 @@ def learner_config(tmp_path, **server):
     base = run_defaults(ENV)
     return dataclasses.replace(
         base, env=ENV, num_actors=4, envs_per_actor=8, auth=AuthConfig(token_file=str(token)),
-        server=dataclasses.replace(base.server, ingress_processes=2, **server))
+        server=dataclasses.replace(base.server, ingress_processes=2, max_envs=SLOT_BUDGET, **server))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,30 @@ def test_every_ingress_process_refuses_a_stream_without_the_token(learner):
 
     assert set(asyncio.run(refusals())) == {grpc.StatusCode.UNAUTHENTICATED}
     assert len(asyncio.run(one_step(learner.address, 3, TOKEN))) == 3  # the learner still serves
+
+
+def test_every_ingress_process_keeps_the_slot_budget_and_the_health_services_limits(learner):
+    from grpc_health.v1 import health_pb2
+
+    async def checks():
+        results = []
+        for _ in range(16):  # 16 connections of each kind: both processes take some
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await one_step(learner.address, SLOT_BUDGET + 1, TOKEN)
+            results.append((refused.value.code(), "server.max_envs" in refused.value.details()))
+            async with grpc.aio.insecure_channel(
+                    learner.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+                check = channel.unary_unary("/grpc.health.v1.Health/Check")
+                reply = health_pb2.HealthCheckResponse.FromString(
+                    await check(health_pb2.HealthCheckRequest(service="").SerializeToString()))
+                results.append(reply.status == health_pb2.HealthCheckResponse.SERVING)
+                with pytest.raises(grpc.aio.AioRpcError) as oversized:
+                    await check(b"\n" + b"x" * (channel_lib.MAX_HEALTH_REQUEST_BYTES + 1))
+                results.append(oversized.value.code())
+        return results
+
+    assert set(asyncio.run(checks())) == {(grpc.StatusCode.RESOURCE_EXHAUSTED, True), True,
+                                          grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def test_a_unix_socket_learner_refuses_several_ingress_processes(tmp_path):
