@@ -27,7 +27,7 @@ import pickle
 import struct
 
 from seedq.server.env_table import SlotBudgetExhausted
-from seedq.server.inference import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
+from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 
 log = logging.getLogger("seedq.server")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -22,10 +23,13 @@ from google.protobuf.message import DecodeError
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.env_table import SlotBudgetExhausted
-from seedq.server.inference import InferenceServer, LearnerFailed, RunEnded, RunSuperseded, ServerClosing
+from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 from seedq import schema
+
+if TYPE_CHECKING:
+    from seedq.server.inference import InferenceServer
 
 log = logging.getLogger("seedq.server")
 
