@@ -138,6 +138,36 @@ def test_a_unix_socket_learner_refuses_several_ingress_processes(tmp_path):
     learner.stop()
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_actor_served_by_ingress_processes_reaches_max_frames_and_hears_the_runs_end(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "seedq.cli", "learner", "--address", address, "--env", ENV,
+         "--logdir", str(tmp_path / "run"), "--max-frames", "3000", "--max-seconds", "120",
+         "--eval-episodes", "0", "--server.ingress-processes", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    actor = subprocess.Popen(
+        [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", ENV, "--num-envs", "16",
+         "--actor-id", "a0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        learner_out, _ = learner.communicate(timeout=180)
+        actor_out, _ = actor.communicate(timeout=60)
+    finally:
+        for proc in (learner, actor):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert learner.returncode == 0 and "done (max_frames)" in learner_out, learner_out[-2000:]
+    assert actor.returncode == 0 and "ended (max_frames)" in actor_out, actor_out[-2000:]
+
+
 def ingress_children(pid: int) -> list[int]:
     """The spawned ingress processes of process `pid` (not multiprocessing's resource tracker)."""
     children = []
