@@ -86,7 +86,8 @@ class ServerConfig:
         """UsageError (one line) where the ingress processes cannot serve `address`."""
         if self.ingress_processes > 1 and address.startswith("unix:"):
             raise UsageError(f"server.ingress_processes={self.ingress_processes} needs a TCP address "
-                             f"(--address host:port): a unix socket is served by one process")
+                             f"(--address host:port; bench ingress: --transport tcp), not {address}: "
+                             "a unix socket is served by one process")
 
 
 @dataclasses.dataclass(frozen=True)
