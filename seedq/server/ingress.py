@@ -13,9 +13,10 @@ service calls.
 
 The link carries length-prefixed pickles (protocol 5): asyncio has no
 message framing, and `multiprocessing.Connection` blocks the event loop. A
-Pong message is ~113 KB; its two copies through the socket cost ~1 us per
-frame against the ~136 us per frame of the per-message work this moves
-(docs/scaling.md), so shared memory's copy saving would not show.
+Pong frame (7 KB) crosses it as two copies through the kernel, part of the
+~38 us per frame an ingress process spends in all (docs/scaling.md,
+"Ingress processes"); fixed-size shared-memory slots would save those copies
+at the price of hand-written synchronisation between the processes.
 """
 
 from __future__ import annotations
