@@ -332,6 +332,7 @@ def _for_group(config: TrainConfig, group) -> TrainConfig:
 def _check_channel(config: TrainConfig, address: str, with_actors: bool) -> None:
     """Exposure, credential files and TLS fail here, in one line, before JAX starts."""
     channel.check_exposure(config, address)
+    config.server.check_address(address)
     channel.server_credentials(config.tls)
     channel.server_interceptors(config.auth)
     if with_actors and config.tls.enabled:

@@ -108,6 +108,28 @@ def _process_cpu_seconds() -> float:
     return sum(os.times()[:2])
 
 
+def pid_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far (Linux /proc; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ingress_cpu_seconds(learner) -> float:
+    """CPU seconds of the learner's ingress processes (0 without: its own thread serves the streams)."""
+    hub = learner.ingress_hub
+    return sum(pid_cpu_seconds(pid) for pid in hub.pids()) if hub else 0.0
+
+
+def frames_by_process(learner) -> list[int]:
+    """Env steps answered so far through each process serving streams (one: the learner's own)."""
+    hub = learner.ingress_hub
+    return list(hub.frames) if hub else [learner.table.frames]
+
+
 async def _replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase) -> dict:
     """Drives one stream per id until the phase says stop; counts what was served while measuring."""
     import grpc
@@ -292,14 +314,19 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             time.sleep(load.warmup_seconds)
             stats = learner.inference.stats
             frames0, messages0 = learner.table.frames, stats.requests
-            cpu0, compute0 = time.process_time(), compute_cpu_seconds(learner, load.train)
+            ingress0, compute0 = ingress_cpu_seconds(learner), compute_cpu_seconds(learner, load.train)
+            cpu0 = time.process_time()
+            served0 = frames_by_process(learner)
             train0 = learner.train_steps
             phase.value = MEASURING
             started = time.perf_counter()
             time.sleep(load.seconds)
             phase.value = STOPPING
             elapsed = time.perf_counter() - started
-            cpu, compute = time.process_time() - cpu0, compute_cpu_seconds(learner, load.train) - compute0
+            ingress_cpu = ingress_cpu_seconds(learner) - ingress0
+            cpu = time.process_time() - cpu0 + ingress_cpu  # the learner's processes together
+            compute = compute_cpu_seconds(learner, load.train) - compute0
+            by_process = [after - before for after, before in zip(frames_by_process(learner), served0)]
             frames, messages = learner.table.frames - frames0, stats.requests - messages0
             train_steps = learner.train_steps - train0
             rss_after = rss_bytes()
@@ -345,6 +372,11 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             "other": (cpu - compute) / frames * 1e6 if frames else None,
         },
         "learner_cpu_us_per_message": cpu / messages * 1e6 if messages else None,
+        # The learner's processes that served streams (server.ingress_processes), and each one's share of the frames.
+        "ingress_processes": len(by_process),
+        "ingress_frames_share": [n / sum(by_process) if sum(by_process) else 0.0 for n in by_process],
+        # The ingress processes' part of `other` (0 with one: the learner's process serves the streams).
+        "ingress_processes_cpu_us_per_frame": ingress_cpu / frames * 1e6 if frames else None,
         "learner_cpu_cores": cpu / elapsed,
         "train_steps_per_second": train_steps / elapsed,
         "rss_bytes_per_slot": (rss_after - rss_before) / slots if slots else None,

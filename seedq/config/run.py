@@ -180,6 +180,9 @@ class TrainConfig:
         if self.actor_groups > self.envs_per_actor:
             raise ValueError(f"actor_groups={self.actor_groups} exceeds envs_per_actor={self.envs_per_actor} "
                              "(every group steps at least one env)")
+        if self.server.ingress_processes > 1 and self.architecture == "impala":
+            raise ValueError("server.ingress_processes > 1 serves architecture=seed learners only "
+                             "(IMPALA actors push unrolls to one process)")
         if self.actor_groups > 1 and self.architecture == "impala":
             raise ValueError("actor_groups applies to architecture=seed (IMPALA actors stream unrolls, not steps)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from seedq.exit_codes import UsageError
 from seedq.config.checks import check_channel, check_choice, check_non_negative, check_positive
 
 
@@ -60,17 +61,33 @@ class ServerConfig:
     # address, loopback for a unix socket; 0: off): Kubernetes' gRPC probes cannot speak
     # TLS, and this port answers health checks only (no training RPC).
     health_port: int = 0
+    # Processes that serve the actors' streams (gRPC, credentials, the health
+    # service, handshakes, decoding), all on the learner's TCP port
+    # (SO_REUSEPORT: the kernel spreads connections over them); they hand each
+    # decoded step to the learner's process, which batches, acts and trains
+    # (seedq.server.ingress). 1: the learner's process serves the streams itself.
+    ingress_processes: int = 1
 
     def validate(self) -> None:
         check_positive({
             "server.max_batch_size": self.max_batch_size,
             "server.queue_capacity_unrolls": self.queue_capacity_unrolls,
+            "server.ingress_processes": self.ingress_processes,
         })
+        if self.ingress_processes > 1 and self.health_port:
+            raise ValueError("server.health_port is served by one process: it needs server.ingress_processes=1")
         check_channel(self.keepalive_seconds, self.peer_timeout_seconds, "server.")
         check_batching_rule(self.batching)
         check_choice("server.queue_full", self.queue_full, QUEUE_FULL_RULES)
         check_non_negative({"server.batch_timeout_ms": self.batch_timeout_ms, "server.health_port": self.health_port,
                             "server.max_envs": self.max_envs})
+
+    def check_address(self, address: str) -> None:
+        """UsageError (one line) where the ingress processes cannot serve `address`."""
+        if self.ingress_processes > 1 and address.startswith("unix:"):
+            raise UsageError(f"server.ingress_processes={self.ingress_processes} needs a TCP address "
+                             f"(--address host:port; bench ingress: --transport tcp), not {address}: "
+                             "a unix socket is served by one process")
 
 
 @dataclasses.dataclass(frozen=True)

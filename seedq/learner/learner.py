@@ -246,6 +246,11 @@ class Learner:
         far; None before start() or where the OS has no per-thread CPU clock."""
         return self._server.cpu_seconds()
 
+    @property
+    def ingress_hub(self):
+        """The ingress processes' hub (server.ingress_processes > 1, once started), else None."""
+        return self._server.hub
+
     def stop(self, run_ended: str | None = None, notice_least_seconds: float = 0.0) -> None:
         """Stops training and serving. `run_ended` (the stop reason of a run
         that is over for good) is first told to the connected actors and to

@@ -35,6 +35,8 @@ class ServerThread:
         self._run_ended: str | None = None
         self._run_end_least_seconds = 0.0
         self._service = None
+        # server.ingress_processes > 1: the ingress processes' hub (seedq.server.ingress_hub).
+        self.hub = None
 
     def start(self) -> str:
         """Starts the thread; returns the address once serving (the start-up's error, raised, otherwise)."""
@@ -102,6 +104,9 @@ class ServerThread:
         self._shutdown_event = asyncio.Event()
         service = self._service = self._make_service()
         try:
+            if self._config.server.ingress_processes > 1:
+                await self._serve_from_ingress_processes(service)
+                return
             server, self.address, set_serving = await start_server(
                 service, self._requested_address, server_config=self._config.server,
                 tls=self._config.tls, auth=self._config.auth,
@@ -124,9 +129,34 @@ class ServerThread:
             # or exit), or with the run's end, before the server stops taking messages.
             self._inference.close(run_ended)
             if run_ended:
-                await wait_for_streams_to_end(service, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
+                await wait_for_streams_to_end(lambda: service.idle.open_streams, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
             service.idle.close()
             await server.stop(grace=1.0)
+            batcher.cancel()
+
+
+    async def _serve_from_ingress_processes(self, service) -> None:
+        """As `_serve_async`, with the streams served by ingress processes."""
+        from seedq.server.ingress_hub import IngressHub
+        from seedq.server.service import LearnerService
+
+        if type(service) is not LearnerService:
+            raise ValueError("server.ingress_processes > 1 serves architecture=seed learners only")
+        hub = self.hub = IngressHub(self._inference, self._config, service.learner_run, service.spec)
+        self.address = await hub.start(self._requested_address)
+        batcher = asyncio.create_task(self._inference.run())
+        batcher.add_done_callback(self._batcher_ended)
+        await hub.set_serving(True)
+        self._ready.set()
+        try:
+            await self._shutdown_event.wait()
+        finally:
+            run_ended = self._run_ended
+            await hub.set_serving(False, run_ended)
+            self._inference.close(run_ended)
+            if run_ended:
+                await wait_for_streams_to_end(lambda: hub.open_streams, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
+            await hub.stop()
             batcher.cancel()
 
 
@@ -140,9 +170,9 @@ RUN_END_NOTICE_SECONDS = 5.0
 RUN_END_RECONNECT_SECONDS = 2.5
 
 
-async def wait_for_streams_to_end(service, timeout: float, least: float = 0.0) -> None:
+async def wait_for_streams_to_end(open_streams: Callable[[], int], timeout: float, least: float = 0.0) -> None:
     """Until no actor stream is open (and `least` seconds have passed), or `timeout` seconds."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    while loop.time() < start + timeout and (service.idle.open_streams or loop.time() < start + least):
+    while loop.time() < start + timeout and (open_streams() or loop.time() < start + least):
         await asyncio.sleep(0.05)

@@ -42,9 +42,9 @@ from seedq.quant.mode import InferencePrecision
 from seedq.schema import EnvSpec
 from seedq.server.batching import GREEDY, BatchingRule
 from seedq.server.env_table import ActorEntry, EnvTable
+from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 from seedq.server.pacing import pace_interval
 from seedq.server.unrolls import QueueClosed, UnrollQueue
-from seedq.wire import codec
 from seedq.wire.codec import Steps
 
 log = logging.getLogger("seedq.server")
@@ -58,32 +58,6 @@ def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
         size *= 2
     sizes.append(max_batch_size)
     return tuple(sizes)
-
-
-class ServerClosing(Exception):
-    """The learner is shutting down; the stream should end with UNAVAILABLE."""
-
-
-class RunEnded(ServerClosing):
-    """The run is over for good (target, budget, the user's interrupt): streams
-    that read RunEnded are told so, the others end with UNAVAILABLE."""
-
-    def __init__(self, stop_reason: str):
-        super().__init__(f"{codec.RUN_ENDED_MARKER} ({stop_reason})")
-        self.stop_reason = stop_reason
-
-
-class RunSuperseded(Exception):
-    """The actor reconnected with a new run id while this request waited."""
-
-
-class LearnerFailed(ServerClosing):
-    """Inference failed: the learner stops (summary.json names `cause`); every
-    stream ends with UNAVAILABLE saying so, and actors reconnect to its restart."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(f"{codec.LEARNER_FAILED_MARKER} ({type(cause).__name__}: {cause}) and is stopping")
-        self.cause = cause
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -22,10 +23,13 @@ from google.protobuf.message import DecodeError
 from seedq import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.env_table import SlotBudgetExhausted
-from seedq.server.inference import InferenceServer, LearnerFailed, RunEnded, RunSuperseded, ServerClosing
+from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerClosing
 from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.wire import codec
 from seedq import schema
+
+if TYPE_CHECKING:
+    from seedq.server.inference import InferenceServer
 
 log = logging.getLogger("seedq.server")
 
@@ -102,10 +106,13 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             )
         return handshake
 
-    def connect(self, handshake):
-        """Registers the stream's actor; the duplicate-run refusal names the field."""
+    async def connect(self, handshake):
+        """Registers the stream's actor; the duplicate-run refusal names the field.
+        (A coroutine: in an ingress process the env table is in the learner's
+        process, asked over `seedq.server.ingress`'s link.)"""
         try:
-            return self.inference.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+            registered = self.inference.connect(handshake.actor_id, handshake.run_id, handshake.num_envs)
+            return await registered if asyncio.iscoroutine(registered) else registered
         except ValueError as e:  # "actor ... run ... is already connected"
             raise codec.ProtocolError("handshake.run_id", str(e)) from None
 
@@ -122,7 +129,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             guard.reads_run_ended = handshake.reads_run_ended
             if self.run_ended:  # an actor (re)connecting while the run's end is being told
                 raise RunEnded(self.run_ended)
-            entry, superseded = self.connect(handshake)
+            entry, superseded = await self.connect(handshake)
         guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
@@ -286,13 +293,16 @@ class StreamGuard:
 
 async def start_server(
     service: LearnerService, address: str, *, server_config: ServerConfig = ServerConfig(),
-    tls: TlsConfig = TlsConfig(), auth: AuthConfig = AuthConfig(),
+    tls: TlsConfig = TlsConfig(), auth: AuthConfig = AuthConfig(), reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, str, object]:
     """Starts serving `address` (unix:/path, or host:port with port 0 for any free one)
     with the credentials and keepalive settings given, plus the gRPC health service.
 
     With `server_config.health_port`, the health service is also served alone,
     in plaintext, on that port (for probes that cannot speak TLS).
+
+    `reuse_port`: share the TCP port with the learner's other ingress
+    processes (SO_REUSEPORT); otherwise a port in use is refused.
 
     Returns the running servers (`stop(grace)`), the address actors should
     dial, and the coroutine function `set_serving(bool)` of its health status
@@ -304,7 +314,7 @@ async def start_server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ] + channel.server_options(server_config.keepalive_seconds, server_config.peer_timeout_seconds),
     )
     add_learner_service(service, server)
