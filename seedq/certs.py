@@ -17,7 +17,7 @@ import ipaddress
 import os
 import secrets
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 

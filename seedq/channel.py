@@ -30,7 +30,7 @@ import stat
 
 import grpc
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 from seedq.config import ActorChannelConfig, AuthConfig, TlsConfig, TrainConfig
 
 log = logging.getLogger("seedq.server")

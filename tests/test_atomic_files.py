@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from seedq import atomic_files
+from seedq.process import atomic_files
 from seedq.learner import sinks
 
 pytestmark = pytest.mark.unit

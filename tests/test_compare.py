@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from seedq.affinity import parse_cores, why_not_pinnable
+from seedq.process.affinity import parse_cores, why_not_pinnable
 from seedq.bench import energy, parity
 from seedq.bench.jobs import finished
 from seedq.config import TrainConfig
@@ -89,7 +89,7 @@ def test_actor_cores_parse_and_bad_ones_are_named():
 def test_a_pinned_actor_process_and_its_later_threads_run_on_the_given_core():
     code = (
         "import os, threading\n"
-        "from seedq.affinity import pin_process\n"
+        "from seedq.process.affinity import pin_process\n"
         "assert pin_process('0') is None\n"
         "seen = []\n"
         "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"

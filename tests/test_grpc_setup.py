@@ -1,4 +1,4 @@
-"""seedq.grpc_setup: gRPC's poller setting and the event loop (see its docstring)."""
+"""seedq.process.grpc_setup: gRPC's poller setting and the event loop (see its docstring)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from seedq import grpc_setup
+from seedq.process import grpc_setup
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 PROBE = r"""
 import asyncio, json, os, sys, tempfile
 import seedq
-from seedq import grpc_setup
+from seedq.process import grpc_setup
 import grpc
 
 async def main():

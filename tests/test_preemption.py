@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from seedq import cli, exit_codes
+from seedq import cli
+from seedq.process import exit_codes
 
 SEEDQ = [sys.executable, "-m", "seedq.cli"]
 

@@ -341,7 +341,7 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
     records) from the kernel; a child that did not ask lives on."""
     child_code = (
         "import os, pathlib, signal, sys, time\n"
-        "from seedq import lifetime\n"
+        "from seedq.process import lifetime\n"
         "out = pathlib.Path(sys.argv[1])\n"
         "signal.signal(signal.SIGTERM, lambda *a: (out.write_text('SIGTERM'), sys.exit(0)))\n"
         "if sys.argv[2] == 'ask':\n"
@@ -380,7 +380,8 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
 def test_an_inference_failure_ends_the_run_with_learner_error_and_exit_1(tmp_path, monkeypatch, capsys):
     """A batch that fails once would fail again: the learner stops rather than
     answering INTERNAL for ever; summary.json names the error; exit 1."""
-    from seedq import cli, exit_codes
+    from seedq import cli
+    from seedq.process import exit_codes
     from seedq.server.inference import InferenceServer
 
     real_infer = InferenceServer._infer
@@ -438,7 +439,7 @@ def _failing_on_call(n, error, failed_at, real):
 @pytest.mark.e2e
 def test_a_failure_recording_answered_steps_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """Steps that cannot be recorded would be lost from every batch on: the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.rollout.core import ActingCore
 
     failed_at = []
@@ -454,7 +455,7 @@ def test_a_failure_recording_answered_steps_ends_the_run_with_learner_error(tmp_
 def test_the_batch_loop_dying_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """A failure outside a batch's own try (here: taking the next batch) ends
     the batcher task; the server thread notices and the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.server.inference import InferenceServer
 
     failed_at = []
@@ -469,7 +470,7 @@ def test_the_batch_loop_dying_ends_the_run_with_learner_error(tmp_path, monkeypa
 @pytest.mark.e2e
 def test_an_impala_parameter_pull_failure_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """A failing PullParams would fail every actor's pull from then on: the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.impala.service import ParamsPublisher
 
     failed_at = []

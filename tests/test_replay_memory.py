@@ -25,7 +25,7 @@ def test_a_replay_larger_than_the_memory_available_is_one_line_naming_what_fits(
 
 
 def test_the_memory_available_is_read_from_this_machine_and_capped_by_the_container(monkeypatch, tmp_path):
-    from seedq import host_memory
+    from seedq.process import host_memory
 
     available = host_memory.memory_available_bytes()
     assert available is not None and 0 < available <= host_memory.memory_bytes()

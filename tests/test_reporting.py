@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.unit
 from fake_learner import ScriptedLearner, learner_stats
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 from seedq.config import TrainConfig
 from seedq.learner.run_control import RunClock, RunController, TargetRecord, resumed_target
 from seedq.learner.sinks import RunInfo, stats_json, summary_json

@@ -27,8 +27,8 @@ import grpc
 import numpy as np
 
 from seedq import channel as channel_lib
-from seedq import grpc_setup
-from seedq import lifetime
+from seedq.process import grpc_setup
+from seedq.process import lifetime
 from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing

@@ -176,7 +176,7 @@ def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
     are skipped and unfinished ones continued (seedq.bench.jobs.resume_args)."""
     os.makedirs(out, exist_ok=True)
     if base.actor_cores:
-        from seedq.affinity import why_not_pinnable
+        from seedq.process.affinity import why_not_pinnable
 
         why_not = why_not_pinnable(base.actor_cores)
         if why_not:  # the rows say the actors ran unpinned

@@ -180,7 +180,7 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
 
 
 def _generator(address, channel_config, stream_ids, recording_path, env_id, phase, out) -> None:
-    from seedq import grpc_setup
+    from seedq.process import grpc_setup
 
     try:
         out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase)))

@@ -18,7 +18,8 @@ import csv
 import io
 import os
 
-from seedq import atomic_files, extras, run_dirs
+from seedq import extras, run_dirs
+from seedq.process import atomic_files
 
 COLUMNS = ("frames", "episodes", "train_steps", "return", "length", "loss", "entropy", "wall_seconds")
 CSV_FILE = run_dirs.CURVES_CSV

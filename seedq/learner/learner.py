@@ -21,7 +21,8 @@ import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq import jax_setup, schema
+from seedq import schema
+from seedq.process import jax_setup
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig

@@ -21,7 +21,7 @@ import sys
 
 from tensorboardX import SummaryWriter
 
-from seedq import atomic_files
+from seedq.process import atomic_files
 from seedq.config import TrainConfig
 from seedq.learner.bottleneck import run_bottleneck
 from seedq.learner.run_control import RunClock, TargetRecord
