@@ -18,7 +18,8 @@ import threading
 import time
 import uuid
 
-from seedq import channel, distributed, run_dirs
+from seedq import distributed, run_dirs
+from seedq.transport import channel
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig

@@ -20,8 +20,8 @@ import grpc
 import pytest
 import trustme
 
-from seedq import certs as certs_lib
-from seedq import channel
+from seedq.transport import certs as certs_lib
+from seedq.transport import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig, TrainConfig
 from seedq.local import stop_processes
 from seedq.server.service import start_server

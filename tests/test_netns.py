@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from seedq import certs as certs_lib
+from seedq.transport import certs as certs_lib
 from seedq.local import stop_processes
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 from seedq.v1 import seed_pb2_grpc

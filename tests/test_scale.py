@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from queue_tap import QueueTap
 
-from seedq import netdelay
+from seedq.transport import netdelay
 from seedq.actor.groups import (
     GROUP_SLACK,
     MAX_GROUPS,
@@ -273,7 +273,7 @@ def test_the_actor_measures_the_channels_round_trip_with_health_pings_through_th
 
     import grpc
 
-    from seedq import channel as channel_lib
+    from seedq.transport import channel as channel_lib
     from seedq.actor.groups import channel_rtt_seconds
 
     one_way_ms = 15.0

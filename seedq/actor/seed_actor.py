@@ -26,7 +26,7 @@ import zlib
 import grpc
 import numpy as np
 
-from seedq import channel as channel_lib
+from seedq.transport import channel as channel_lib
 from seedq.process import grpc_setup
 from seedq.process import lifetime
 from seedq.config import ActorChannelConfig, EnvOptions

@@ -6,7 +6,7 @@ rewards, flags) on `streams` real gRPC streams, each its own connection, as
 that many actors would. The learner is the real one (handshake, env table,
 batching, unroll store, inference with the run's network; training unless
 --no-train), on a real transport: loopback TCP, optionally through the
-delaying proxy (`seedq.netdelay`), or a unix socket.
+delaying proxy (`seedq.transport.netdelay`), or a unix socket.
 
 The learner's CPU over the measured window is split into the network's
 compute (the server thread inside the jitted policy, XLA's worker threads,
@@ -112,7 +112,7 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
     """Drives one stream per id until the phase says stop; counts what was served while measuring."""
     import grpc
 
-    from seedq import channel as channel_lib
+    from seedq.transport import channel as channel_lib
     from seedq.envs import env_spec
     from seedq.v1 import seed_pb2
     from seedq.wire import codec
@@ -258,7 +258,7 @@ def learner_config(load: IngressLoad, base=None, server=None, devices=None):
 
 def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
     """Serves `load` from a real learner for its window; returns the JSON figures."""
-    from seedq import netdelay
+    from seedq.transport import netdelay
     from seedq.bench.throughput import _wait_for_batching_choice
     from seedq.learner.learner import Learner
     from seedq.local import default_address, local_channel_config

@@ -63,8 +63,8 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
     """The SEED loop's frames/s for a validated TrainConfig (env, actors,
     envs per actor, devices, server). `rtt_ms`: None, a unix socket (as
     `seedq train`); a number, loopback TCP through the delaying proxy
-    (`seedq.netdelay`) with that round trip added (0: the same path, no delay)."""
-    from seedq import netdelay
+    (`seedq.transport.netdelay`) with that round trip added (0: the same path, no delay)."""
+    from seedq.transport import netdelay
     from seedq.learner.learner import Learner
     from seedq.local import default_address, spawn_actors, stop_processes
 

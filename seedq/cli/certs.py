@@ -30,7 +30,7 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seedq import certs as certs_lib
+    from seedq.transport import certs as certs_lib
     from seedq.process import exit_codes
 
     try:

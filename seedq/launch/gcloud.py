@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.config import TrainConfig
 from seedq.launch.options import RUNTIME_VERSIONS, VmOptions
 

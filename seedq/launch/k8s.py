@@ -47,7 +47,7 @@ extras.require("launch", "yaml")
 
 import yaml  # noqa: E402
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.process import exit_codes
 from seedq import config as config_lib
 from seedq.config import TrainConfig
