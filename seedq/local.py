@@ -27,8 +27,8 @@ from seedq import checkpoint
 from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
 from seedq.learner.learner import Learner
-from seedq.learner.reporting import RunReporter
-from seedq.learner.run_control import run_is_over
+from seedq.reporting.reporter import RunReporter
+from seedq.reporting.run_control import run_is_over
 from seedq.learner.server_thread import RUN_END_RECONNECT_SECONDS
 
 log = logging.getLogger("seedq.local")

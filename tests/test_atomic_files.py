@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from seedq.process import atomic_files
-from seedq.learner import sinks
+from seedq.reporting import sinks
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from seedq.learner import curves
-from seedq.learner.records import RunRecords
+from seedq.reporting import curves
+from seedq.reporting.records import RunRecords
 
 
 def _tick(frames, ret, loss=None, seconds=1.0):

@@ -120,7 +120,7 @@ def test_a_collective_cut_off_by_a_dead_peer_is_told_apart_from_other_errors():
 
 @pytest.mark.unit
 def test_the_groups_totals_sum_counters_and_pool_each_processes_latest_episodes():
-    from seedq.learner.run_control import group_totals
+    from seedq.reporting.run_control import group_totals
 
     def report(frames, returns):
         return {"frames": frames, "episodes": len(returns), "returns": returns, "lengths": [1.0] * len(returns)}

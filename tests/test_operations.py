@@ -16,8 +16,8 @@ from fake_learner import ScriptedLearner
 
 from seedq import cli
 from seedq import checkpoint
-from seedq.learner.events import read_scalars
-from seedq.learner.stats import ActorStats
+from seedq.reporting.events import read_scalars
+from seedq.reporting.stats import ActorStats
 
 pytestmark = pytest.mark.e2e
 
@@ -369,7 +369,7 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     from rich.console import Console
 
     from seedq.config import TrainConfig
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     started = time.monotonic()
     learner = ScriptedLearner(started, episodes=30, mean_return=15.0, mean_length=15.0,
@@ -412,7 +412,7 @@ def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck(
     from fake_learner import learner_stats
 
     from seedq.config import TrainConfig
-    from seedq.learner.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
+    from seedq.reporting.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
 
     # Two hours of Atari on 16 actors: every everyday figure fits.
     stats = learner_stats(frames=10_000_000, train_steps=100_000, mean_return=-20.5, inference_batches=9,
@@ -435,7 +435,7 @@ def test_progress_line_shows_entropy_and_a_box_policys_std():
     from fake_learner import learner_stats
 
     from seedq.config import TrainConfig
-    from seedq.learner.sinks import Tick, progress_line
+    from seedq.reporting.sinks import Tick, progress_line
 
     def line(metrics):
         return progress_line(TrainConfig(), Tick(learner_stats(frames=100), metrics, 1.0, 100.0, 2.0))
@@ -524,7 +524,7 @@ def test_the_progress_tick_and_the_summary_name_the_bottleneck(busy, held, cpu, 
 
     from fake_learner import learner_stats
 
-    from seedq.learner.sinks import Tick
+    from seedq.reporting.sinks import Tick
 
     # Two snapshots 10 s apart; the second's counters grew by the shares above.
     before = learner_stats(time=100.0, inference_batches=10, server_thread_cpu_seconds=5.0, queue_put_unrolls=100)

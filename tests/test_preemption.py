@@ -137,7 +137,7 @@ def test_a_second_ctrl_c_during_the_final_checkpoint_still_writes_the_summary(tm
     must not cost the run its summary.json (or its checkpoint)."""
     import threading
 
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     run = tmp_path / "run"
     real_checkpoint, second_at = RunReporter.checkpoint, []

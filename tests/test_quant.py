@@ -862,7 +862,7 @@ def test_force_int8_needs_int8_precision():
 
 @pytest.mark.unit
 def test_progress_line_and_summary_report_the_int8_mac_share():
-    from seedq.learner import sinks
+    from seedq.reporting import sinks
 
     a, b = ("a",), ("b",)
     plan = qplan.Int8Plan({8: frozenset(), 64: frozenset({a}), 256: frozenset({a, b})},

@@ -24,7 +24,7 @@ from seedq.agents.r2d2.agent import R2D2Agent, exploration_epsilons
 from seedq.config import R2D2Config
 from seedq.envs import env_spec, make_vector_env
 from seedq.envs.partially_observable import CARTPOLE_NO_VELOCITY
-from seedq.learner.events import read_scalars
+from seedq.reporting.events import read_scalars
 from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue

@@ -20,7 +20,7 @@ from seedq.config import R2D2Config, TrainConfig
 from seedq import checkpoint
 from seedq import schema
 from seedq.learner.learner import Learner
-from seedq.learner.reporting import RunReporter
+from seedq.reporting.reporter import RunReporter
 
 # --- the soak (docs/reliability.md has the 300 s figures) ---
 

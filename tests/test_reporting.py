@@ -15,9 +15,9 @@ from fake_learner import ScriptedLearner, learner_stats
 
 from seedq.process import exit_codes
 from seedq.config import TrainConfig
-from seedq.learner.run_control import RunClock, RunController, TargetRecord, resumed_target
-from seedq.learner.sinks import RunInfo, stats_json, summary_json
-from seedq.learner.stats import ActorStats, LagTotals, PolicyLagLog
+from seedq.reporting.run_control import RunClock, RunController, TargetRecord, resumed_target
+from seedq.reporting.sinks import RunInfo, stats_json, summary_json
+from seedq.reporting.stats import ActorStats, LagTotals, PolicyLagLog
 
 
 def controller(now: float = 100.0, prior_seconds: float = 0.0, **config) -> RunController:
@@ -128,7 +128,7 @@ def test_eval_due_every_seconds_only_with_eval_episodes():
 
 
 def test_reporter_stops_on_max_frames_and_on_a_failed_learner(tmp_path):
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     config = TrainConfig(logdir=str(tmp_path), max_frames=10_000, stats_every_seconds=0,
                          checkpoint_every_seconds=0)
@@ -150,7 +150,7 @@ def test_reporter_stops_on_max_frames_and_on_a_failed_learner(tmp_path):
 def test_a_signal_stop_request_ends_the_poll_loop(tmp_path):
     """SIGTERM/Ctrl-C only leave a request that the loop takes between polls
     (never an exception raised inside a save)."""
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     config = TrainConfig(logdir=str(tmp_path), stats_every_seconds=0, checkpoint_every_seconds=0)
     learner = ScriptedLearner(time.monotonic())
@@ -269,7 +269,7 @@ def test_int8_learner_stats_carry_its_plan(tmp_path):
 
 
 def test_progress_lines_give_the_time_left_of_a_time_or_frame_budget():
-    from seedq.learner.sinks import Tick, progress_line, time_left
+    from seedq.reporting.sinks import Tick, progress_line, time_left
 
     def tick(frames, seconds, fps):
         return Tick(learner_stats(frames=frames), {}, seconds, fps, 1.0)
@@ -285,7 +285,7 @@ def test_progress_lines_give_the_time_left_of_a_time_or_frame_budget():
 
 
 def test_quiet_still_prints_the_one_line_result_and_the_run_directory(tmp_path, capsys):
-    from seedq.learner.sinks import ConsoleSink
+    from seedq.reporting.sinks import ConsoleSink
 
     config = TrainConfig(logdir=str(tmp_path / "run"), target_return=475)
     summary = {"stop_reason": "max_frames", "frames": 20000, "wall_seconds": 12.5, "frames_to_target": None,

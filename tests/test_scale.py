@@ -250,9 +250,9 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
 def test_progress_line_and_summary_count_actors_and_their_groups():
     from fake_learner import learner_stats
 
-    from seedq.learner.run_control import RunClock, TargetRecord
-    from seedq.learner.sinks import RunInfo, Tick, progress_line, summary_json
-    from seedq.learner.stats import ActorStats
+    from seedq.reporting.run_control import RunClock, TargetRecord
+    from seedq.reporting.sinks import RunInfo, Tick, progress_line, summary_json
+    from seedq.reporting.stats import ActorStats
 
     def line(stats):
         return progress_line(TrainConfig(), Tick(stats, {}, 10.0, 1000.0, 5.0))

@@ -69,7 +69,7 @@ def _tick(frames, ret):
 @pytest.mark.e2e
 def test_an_offline_run_holds_the_scalars_and_a_resumed_run_continues_it(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    from seedq.learner.wandb_sink import WandbSink
+    from seedq.reporting.wandb_sink import WandbSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -101,7 +101,7 @@ def test_an_offline_run_holds_the_scalars_and_a_resumed_run_continues_it(tmp_pat
 def test_without_wandb_installed_the_flag_names_the_extra(monkeypatch):
     import sys
 
-    from seedq.learner import wandb_sink
+    from seedq.reporting import wandb_sink
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ValueError, match=r"pip install 'seedq\[wandb\]'"):
@@ -112,9 +112,9 @@ def test_without_wandb_installed_the_flag_names_the_extra(monkeypatch):
 def test_the_wandb_project_field_adds_the_sink_to_the_run_records(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from seedq.config import TrainConfig, WandbConfig
-    from seedq.learner.curves import CurvesSink
-    from seedq.learner.records import run_records
-    from seedq.learner.wandb_sink import WandbSink
+    from seedq.reporting.curves import CurvesSink
+    from seedq.reporting.records import run_records
+    from seedq.reporting.wandb_sink import WandbSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -132,7 +132,7 @@ def test_the_wandb_project_field_adds_the_sink_to_the_run_records(tmp_path, monk
 @pytest.mark.unit
 def test_a_run_wandb_refuses_is_one_line_naming_offline_mode(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
-    from seedq.learner.wandb_sink import WandbSink
+    from seedq.reporting.wandb_sink import WandbSink
 
     def refuse(**kwargs):
         raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.\nmore")

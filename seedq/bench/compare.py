@@ -121,7 +121,7 @@ def read_curve(logdir: str) -> list[dict]:
     """[{frames, seconds, return, episodes}] at every progress tick of a run
     (`return`: the mean over the last return_window episodes, fewer before
     `episodes` reaches it)."""
-    from seedq.learner.events import read_scalars
+    from seedq.reporting.events import read_scalars
 
     scalars = read_scalars(logdir)
     seconds = dict(scalars.get("time/elapsed_seconds", []))

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from seedq.learner.bottleneck import BINDING_SHARE, bottleneck_of  # noqa: F401 (this module's API)
+from seedq.reporting.bottleneck import BINDING_SHARE, bottleneck_of  # noqa: F401 (this module's API)
 
 
 def _raw_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
@@ -174,7 +174,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
     }
 
 
-# (bottleneck_of and BINDING_SHARE live in seedq.learner.bottleneck: the running learner shares them.)
+# (bottleneck_of and BINDING_SHARE live in seedq.reporting.bottleneck: the running learner shares them.)
 
 
 def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:

@@ -34,7 +34,7 @@ from seedq.envs import env_spec
 from seedq.learner.group import GroupControl
 from seedq.learner.server_thread import ServerThread
 from seedq.rollout.core import training_reward_clip
-from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
+from seedq.reporting.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
 from seedq.server.batching import BatchingRule
@@ -136,7 +136,7 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
-        self.step_timing = StepTiming()  # stalls (seedq.learner.stats)
+        self.step_timing = StepTiming()  # stalls (seedq.reporting.stats)
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters;
         # the train-step timing and publish counters too, for `stats()`.
@@ -436,7 +436,7 @@ class Learner:
     # --- reporting (caller's thread) ---
 
     def stats(self, since: LearnerStats | None = None) -> LearnerStats:
-        """One snapshot of this learner's counters (seedq.learner.stats); its
+        """One snapshot of this learner's counters (seedq.reporting.stats); its
         interval figures cover what happened since `since`, an earlier one.
         Counters that change together are read under the lock they change under."""
         with self._state_lock:

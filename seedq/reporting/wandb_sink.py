@@ -1,6 +1,6 @@
 """Weights & Biases as a sink of a run's scalars (`--wandb.project`; the `wandb` extra).
 
-The same scalars as TensorBoard (`seedq.learner.sinks.tensorboard_scalars`),
+The same scalars as TensorBoard (`seedq.reporting.sinks.tensorboard_scalars`),
 plotted against env frames: every record carries `frames`, which W&B uses as
 the x axis (`define_metric`), so a resumed segment that restarts from its
 checkpoint's frames draws over what a killed segment logged after it instead
@@ -66,7 +66,7 @@ class WandbSink:
         self._run.define_metric("*", step_metric="frames")
 
     def tick(self, tick) -> None:
-        from seedq.learner.sinks import tensorboard_scalars
+        from seedq.reporting.sinks import tensorboard_scalars
 
         scalars = {k: float(v) for k, v in tensorboard_scalars(tick).items() if v is not None}
         self._run.log({**scalars, "frames": tick.stats.frames})

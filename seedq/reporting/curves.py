@@ -27,7 +27,7 @@ PNG_FILE = run_dirs.CURVES_PNG
 
 
 def curve_row(tick) -> dict:
-    """One curves.csv row from a progress `Tick` (seedq.learner.sinks); None is an empty cell."""
+    """One curves.csv row from a progress `Tick` (seedq.reporting.sinks); None is an empty cell."""
     s, metrics = tick.stats, tick.metrics
     return {
         "frames": s.frames,

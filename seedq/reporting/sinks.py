@@ -23,9 +23,9 @@ from tensorboardX import SummaryWriter
 
 from seedq.process import atomic_files
 from seedq.config import TrainConfig
-from seedq.learner.bottleneck import run_bottleneck
-from seedq.learner.run_control import RunClock, TargetRecord
-from seedq.learner.stats import LearnerStats
+from seedq.reporting.bottleneck import run_bottleneck
+from seedq.reporting.run_control import RunClock, TargetRecord
+from seedq.reporting.stats import LearnerStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Tick:
     elapsed_seconds: float
     frames_per_second: float
     steps_per_second: float
-    # Which capacity set the interval's rate (seedq.learner.bottleneck); None: unknown.
+    # Which capacity set the interval's rate (seedq.reporting.bottleneck); None: unknown.
     bottleneck: str | None = None
 
     @classmethod
@@ -139,7 +139,7 @@ def progress_line(config: TrainConfig, tick: Tick) -> str:
     rate, connected actors and a split of devices (fixed for the run), then
     (as they fit, most telling first) a wait for actors, loss, entropy (a
     collapsing policy shows here first) and a Box policy's std, the interval's
-    bottleneck (seedq.learner.bottleneck), inference batch size and rule, the
+    bottleneck (seedq.reporting.bottleneck), inference batch size and rule, the
     unroll queue, the precision when not fp32 and inference latency p99.
     TensorBoard and stats.json keep every figure."""
     s, metrics = tick.stats, tick.metrics
@@ -378,7 +378,7 @@ def summary_json(
         "actor_groups": stats.actor_groups,
         "mean_inference_batch": stats.mean_inference_batch,
         # Which capacity set this segment's rate: env, inference, training or
-        # transport (seedq.learner.bottleneck; as `seedq bench throughput --json`).
+        # transport (seedq.reporting.bottleneck; as `seedq bench throughput --json`).
         "bottleneck": run_bottleneck(
             segment_seconds, busy_seconds=stats.inference_busy_seconds, held_seconds=stats.queue_held_seconds,
             thread_cpu_seconds=stats.server_thread_cpu_seconds, frames=stats.queue_put_unrolls,

@@ -90,7 +90,7 @@ class LearnerStats:
     policy_lag_mean: float | None = None
     policy_lag_max: int | None = None
     publish_ms: float | None = None  # mean milliseconds per parameter publish
-    # --- the server's batch loop, cumulative (seedq.learner.bottleneck) ---
+    # --- the server's batch loop, cumulative (seedq.reporting.bottleneck) ---
     inference_busy_seconds: float = 0.0  # running batches, waits for queue room included
     queue_held_seconds: float = 0.0  # those waits: training held the actors back
     server_thread_cpu_seconds: float | None = None

@@ -1,7 +1,7 @@
 """The reporter of a training run: polls `Learner.stats()`, lets the
-controller decide (seedq.learner.run_control) and carries the decisions out
+controller decide (seedq.reporting.run_control) and carries the decisions out
 (checkpoints, evaluations, stopping), and feeds the sinks
-(seedq.learner.sinks: console, TensorBoard, stats.json, summary.json).
+(seedq.reporting.sinks: console, TensorBoard, stats.json, summary.json).
 
 It reads the learner only through `stats()`, plus the calls its actions
 need: `checkpoint_snapshot()` for checkpoints, `metrics()` for the training
@@ -37,15 +37,15 @@ import time
 from seedq.config import TrainConfig
 from seedq import checkpoint, run_dirs
 from seedq.distributed import SOLO, ProcessGroup
-from seedq.learner.run_control import (
+from seedq.reporting.run_control import (
     RunClock, RunController, TargetRecord, group_totals, pooled_window, process_report, resumed_target,
     with_totals,
 )
-from seedq.learner.sinks import (
+from seedq.reporting.sinks import (
     ConsoleSink, RunInfo, TensorBoardSink, Tick, stats_json, summary_json, write_json_atomically,
 )
-from seedq.learner.records import run_records
-from seedq.learner.stats import LearnerStats
+from seedq.reporting.records import run_records
+from seedq.reporting.stats import LearnerStats
 
 POLL_SECONDS = 0.05
 # A group's reporters meet this often (one round of the exchange each).

@@ -1,6 +1,6 @@
 """The run's records of its scalars, fed together: TensorBoard, curves.csv /
-curves.png (`seedq.learner.curves`) and, with `--wandb.project`, Weights &
-Biases (`seedq.learner.wandb_sink`). Process 0 of a run alone keeps them."""
+curves.png (`seedq.reporting.curves`) and, with `--wandb.project`, Weights &
+Biases (`seedq.reporting.wandb_sink`). Process 0 of a run alone keeps them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class RunRecords:
             sink.tick(tick)
 
     def curve_point(self, tick) -> None:
-        """A deterministic run's curve row (seedq.learner.curves), taken at a fixed frame count."""
+        """A deterministic run's curve row (seedq.reporting.curves), taken at a fixed frame count."""
         for sink in self.sinks:
             if hasattr(sink, "point"):
                 sink.point(tick)
@@ -37,12 +37,12 @@ class RunRecords:
 def run_records(config, tensorboard, *, resumed_frames: int | None) -> RunRecords:
     """`tensorboard` (a TensorBoardSink) plus curves and, when configured, W&B.
     `resumed_frames`: the checkpoint's frames of a resumed run, else None."""
-    from seedq.learner.curves import CurvesSink
+    from seedq.reporting.curves import CurvesSink
 
     sinks = [tensorboard, CurvesSink(config.logdir, resumed_frames=resumed_frames,
                                      from_ticks=not config.deterministic)]
     if config.wandb.project:
-        from seedq.learner.wandb_sink import WandbSink
+        from seedq.reporting.wandb_sink import WandbSink
 
         sinks.append(WandbSink(config))
     return RunRecords(sinks)

@@ -2,7 +2,7 @@
 
 Pure book-keeping (no threads, no I/O, no clock reads of its own: every
 decision takes the time from the snapshot it is given), so each rule can be
-tested with hand-made snapshots. `seedq.learner.reporting` carries the
+tested with hand-made snapshots. `seedq.reporting.reporter` carries the
 decisions out.
 
 A resumed run continues its clock (`RunClock.prior_seconds`) and, when the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from seedq.config import TrainConfig
-from seedq.learner.stats import LearnerStats
+from seedq.reporting.stats import LearnerStats
 
 INF = float("inf")
 
