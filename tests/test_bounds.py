@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from seedq import schema
+from seedq.bench.drain import drain_unrolls
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.server.env_table import EnvTable, EpisodeLog, SlotBudgetExhausted, auto_max_envs
 from seedq.v1 import seed_pb2_grpc
@@ -104,7 +105,7 @@ def test_a_handshake_past_max_envs_is_refused_while_the_first_stream_is_served(t
         server=dataclasses.replace(ServerConfig(), max_envs=64),
     )
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     first, second = RawStream(address), RawStream(address)
     try:
         first.handshake("first", 40)
@@ -141,7 +142,7 @@ def test_a_thousand_handshakes_of_distinct_ids_leave_memory_and_compiled_program
         server=dataclasses.replace(ServerConfig(), max_envs=2048, max_batch_size=64),
     )
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     sizes = [1, 7, 64, 65, 300, 1000]  # within, at and past the largest bucket (64)
     try:
         def connect_and_step(i: int, num_envs: int) -> None:
@@ -199,7 +200,7 @@ def test_a_compile_runs_off_the_event_loop_which_keeps_serving(tmp_path, monkeyp
     config = dataclasses.replace(TrainConfig(), env="CartPole-v1",
                                  vtrace=dataclasses.replace(VTraceConfig(), unroll_length=5, batch_size=4))
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     stream = RawStream(address)
     try:
         stepped = threading.Thread(target=lambda: (stream.handshake("a", 4), stream.step(4)), daemon=True)

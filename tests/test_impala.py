@@ -33,6 +33,7 @@ from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.impala import codec as impala_codec
 from seedq.wire import codec
 from seedq import schema
+from seedq.bench.drain import drain_unrolls
 from serving import serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -166,7 +167,7 @@ def impala_learner(tmp_path_factory):
         server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=64),
     )
     learner = Learner(config, f"unix:{tmp_path_factory.mktemp('impala')}/learner.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     yield learner, address
     learner.stop()
 
@@ -290,8 +291,7 @@ def full_queue_learner(tmp_path):
         server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=8),
     )
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
-    learner._drain_loop = learner._stop.wait  # nothing takes unrolls out
-    address = learner.start(train=False)
+    address = learner.start(consume=lambda _queue: learner._stop.wait())  # nothing takes unrolls out
     yield learner, address
     learner.stop()
 
@@ -390,7 +390,7 @@ def test_impala_actor_against_a_seed_learner_exits_with_a_clear_error(tmp_path):
     from seedq.learner.learner import Learner
 
     learner = Learner(TrainConfig(env="CartPole-v1"), f"unix:{tmp_path}/seed.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     try:
         result = seedq("impala-actor", "--server", address, "--env", "CartPole-v1", "--num-envs", "2",
                        "--retry-max-seconds", "20", timeout=120)

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from seedq.bench.drain import drain_unrolls
 from seedq.config import R2D2Config, TrainConfig
 from seedq import checkpoint
 from seedq import schema
@@ -242,7 +243,7 @@ def test_a_stream_closed_for_silence_tells_its_actor_unavailable():
                          server=ServerConfig(keepalive_seconds=1.0, peer_timeout_seconds=2.0))
     config.validate()
     learner = Learner(config, default_address())
-    learner.start(train=False)
+    learner.start(consume=drain_unrolls)
     spec = env_spec("CartPole-v1")
 
     async def silent_actor():

@@ -189,7 +189,7 @@ def test_actor_groups_keep_every_env_in_order_beside_an_actor_of_todays_protocol
     tap = OrderTap(learner.queue)
     proxy = actors = None
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         proxy = netdelay.DelayProxy(address, one_way_ms=5.0)
         delayed = proxy.start()
         actors = [start_actor(delayed, tmp_path, "grouped", num_envs=4, groups=3),

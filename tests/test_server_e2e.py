@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 import pytest
 
+from seedq.bench.drain import drain_unrolls
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.envs import env_spec
 from seedq.learner.learner import Learner
@@ -240,7 +241,7 @@ def cluster(workdir):
     tap = MarkerTap(learner.queue)
     actor = None
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         actor = start_actor(address, workdir, "real-1", num_envs=4)
         wait_until(lambda: learner.train_steps > 0, "the first train step", learners=[learner])
         yield learner, address, actor, tap
@@ -534,7 +535,7 @@ def test_actor_reconnects_to_a_restarted_learner(tmp_path):
     second = None
     actor = None
     try:
-        dialed = first.start(train=True)
+        dialed = first.start()
         assert dialed == address
         actor = start_actor(
             dialed, tmp_path, "phoenix", num_envs=2, extra=("--retry-max-seconds", "30")
@@ -546,7 +547,7 @@ def test_actor_reconnects_to_a_restarted_learner(tmp_path):
         second = Learner(CONFIG, address)  # compile before taking the first one down
         first.stop()
         first_frames = first.table.frames
-        assert second.start(train=True) == address
+        assert second.start() == address
         wait_until(lambda: connected_entry(second, "phoenix") is not None, "phoenix on learner 2",
                    learners=[second])
         wait_until(lambda: second.table.frames > 20, "frames on learner 2", learners=[second])
@@ -583,7 +584,7 @@ def test_superseded_run_with_request_in_flight_is_aborted(tmp_path, raw):
     learner.queue.get = learner.queue.take_all = gated_get  # the drain thread takes nothing
     streams = []
     try:
-        address = learner.start(train=False)
+        address = learner.start(consume=drain_unrolls)
 
         def open_stream(timeout=WAIT_SECONDS):
             streams.append(raw.RawStream(address, timeout=timeout))

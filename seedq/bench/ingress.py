@@ -261,6 +261,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
     from seedq.transport import netdelay
     from seedq.bench.throughput import _wait_for_batching_choice
     from seedq.learner.learner import Learner
+    from seedq.bench.drain import drain_unrolls
     from seedq.local import default_address, local_channel_config
 
     load.validate()
@@ -277,7 +278,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
         phase = ctx.Value("i", WARMING, lock=False)
         out = ctx.Queue()
         try:
-            address = learner.start(train=load.train)
+            address = learner.start(consume=None if load.train else drain_unrolls)
             rss_before = rss_bytes()
             if load.rtt_ms:
                 proxy, address = netdelay.start_process(address, load.rtt_ms / 2)

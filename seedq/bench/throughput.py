@@ -66,6 +66,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
     (`seedq.transport.netdelay`) with that round trip added (0: the same path, no delay)."""
     from seedq.transport import netdelay
     from seedq.learner.learner import Learner
+    from seedq.bench.drain import drain_unrolls
     from seedq.local import default_address, spawn_actors, stop_processes
 
     num_actors = config.num_actors
@@ -76,7 +77,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
             actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
         learner = Learner(config, address if rtt_ms is None else "127.0.0.1:0")
         try:
-            address = learner.start(train=train)
+            address = learner.start(consume=None if train else drain_unrolls)
             if rtt_ms is not None:  # the proxy needs the learner's port; the actors, the proxy's
                 proxy, address = netdelay.start_process(address, rtt_ms / 2)
                 actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)

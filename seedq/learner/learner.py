@@ -11,11 +11,13 @@ Threads:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -222,24 +224,24 @@ class Learner:
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
 
-    def start(self, train: bool = True) -> str:
-        """Starts serving (and training); returns the address actors dial."""
+    def start(self, consume: Callable[[UnrollQueue], None] | None = None) -> str:
+        """Starts serving and training; returns the address actors dial.
+        `consume(queue)`, where given, runs in the training thread instead of
+        training (the benches' `--no-train`: seedq.bench.drain)."""
         self.step_timing.frames_at_start = self.table.frames  # restored counters, if resumed
         try:
             self.address = self._server.start()
         finally:
             if self._server.thread is not None:
                 self._threads.append(self._server.thread)
-        # Without training (inference benchmarks) finished unrolls are drained
-        # and dropped, so backpressure does not stall the actors.
-        target = self._train_loop if train else self._drain_loop
+        target = self._train_loop if consume is None else functools.partial(consume, self.queue)
         consumer = threading.Thread(target=target, name="seedq-train", daemon=True)
         consumer.start()
         self._threads.append(consumer)
         return self.address
 
     def training_thread_ids(self) -> set[int]:
-        """Native ids of the thread that trains (or, without training, drains) the unroll queue."""
+        """Native ids of the thread that trains on (or, in a bench, drains) the unroll queue."""
         return {t.native_id for t in self._threads if t.name == "seedq-train"}
 
     def server_thread_cpu_seconds(self) -> float | None:
@@ -368,12 +370,6 @@ class Learner:
             if thread.name == "seedq-train":
                 thread.join(timeout)
         return not self.training
-
-    def _drain_loop(self) -> None:
-        # Whole chunks, not one unroll at a time: slicing them cost the server
-        # thread GIL time in `seedq bench throughput --no-train`.
-        while self.queue.take_all(timeout=0.2) is not None or not self._stop.is_set():
-            pass
 
     def _warm_up(self) -> None:
         """Compiles the update while the first sequences are being collected."""
