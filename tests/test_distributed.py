@@ -320,7 +320,7 @@ def _update_main(process: int, port: int) -> None:
     group = distributed.initialize(DistributedConfig(
         coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=process, initialization_timeout_seconds=120))
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_parallel import _max_diff, _random_batch
+    from test_devices import _max_diff, _random_batch
 
     spec = EnvSpec("float32", (4,), num_actions=2)  # CartPole's
     out = {}

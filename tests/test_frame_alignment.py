@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
 from seedq.bench.drain import drain_unrolls
 from seedq.envs import run_defaults

@@ -34,7 +34,7 @@ from seedq.impala import codec as impala_codec
 from seedq.wire import codec
 from seedq import schema
 from seedq.bench.drain import drain_unrolls
-from serving import serve
+from tests.serving import serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

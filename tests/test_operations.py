@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fake_learner import ScriptedLearner
+from tests.fake_learner import ScriptedLearner
 
 from seedq import cli
 from seedq import checkpoint
@@ -90,7 +90,7 @@ def assert_monotone_counters(run: pathlib.Path) -> dict:
 
 # Frames the resumed learner trains past the killed one's checkpoint: a budget
 # of work, so the test's outcome does not depend on how far a machine gets in
-# a time (the learning itself is tests/test_train_local.py's).
+# a time (the learning itself is tests/test_local.py's).
 RESUMED_FRAMES = 40_000
 
 
@@ -189,7 +189,7 @@ def test_eval_of_the_resumed_checkpoint_with_video(sigkilled_run, tmp_path):
     """`seedq eval` of the resumed run's final checkpoint, with a video read
     back: the returns equal the learner's own greedy eval of that checkpoint
     (same episodes, same seed). (Eval of a solved policy:
-    tests/test_train_local.py's learning run.)"""
+    tests/test_local.py's learning run.)"""
     import imageio.v2 as imageio
 
     summary = json.loads((sigkilled_run.run / "summary.json").read_text())
@@ -409,7 +409,7 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
 def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck():
     import dataclasses
 
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.config import TrainConfig
     from seedq.reporting.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
@@ -432,7 +432,7 @@ def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck(
 
 
 def test_progress_line_shows_entropy_and_a_box_policys_std():
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.config import TrainConfig
     from seedq.reporting.sinks import Tick, progress_line
@@ -522,7 +522,7 @@ def test_throughput_bench_reports_the_learners_cost_per_message():
 def test_the_progress_tick_and_the_summary_name_the_bottleneck(busy, held, cpu, dropped, expected):
     import dataclasses
 
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.reporting.sinks import Tick
 

@@ -572,7 +572,7 @@ def test_an_int8_run_records_its_measured_per_layer_plan(tmp_path):
     """`seedq train --precision int8` with the real system: the learner's
     server measures its per-layer int8/fp32 plan and the summary records it.
     (int8's agreement with fp32 on a solved policy: the learning run of
-    tests/test_train_local.py.)"""
+    tests/test_local.py.)"""
     logdir = tmp_path / "cartpole"
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "train", "--env", "CartPole-v1", "--precision", "int8",

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
 from seedq.transport import netdelay
 from seedq.actor.groups import (
@@ -248,7 +248,7 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
 
 @pytest.mark.unit
 def test_progress_line_and_summary_count_actors_and_their_groups():
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.reporting.run_control import RunClock, TargetRecord
     from seedq.reporting.sinks import RunInfo, Tick, progress_line, summary_json

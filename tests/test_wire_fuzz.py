@@ -43,7 +43,7 @@ from seedq.wire import codec
 from seedq.schema import EnvSpec
 from seedq.wire.codec import OutOfOrder, ProtocolError
 
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
 pytestmark = pytest.mark.timeout(300)
 

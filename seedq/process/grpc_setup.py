@@ -41,7 +41,7 @@ EVENT_ENGINE_EXPERIMENTS = (
 # grpcio releases measured with these experiment names. A newer gRPC that
 # finalizes an experiment would log "Unknown experiment" for it, so other
 # versions keep gRPC's defaults until re-measured
-# (tests/test_grpc_setup.py fails on a version that rejects the names).
+# (tests/process/test_grpc_setup.py fails on a version that rejects the names).
 MEASURED_GRPC_VERSIONS = ((1, 85), (1, 86), (1, 87), (1, 88), (1, 89))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
-from fake_learner import ScriptedLearner, learner_stats
+from tests.fake_learner import ScriptedLearner, learner_stats
 
 from seedq.process import exit_codes
 from seedq.config import TrainConfig

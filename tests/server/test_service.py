@@ -36,8 +36,8 @@ from seedq.learner.learner import Learner
 from seedq.wire import codec
 from seedq import schema
 
-from queue_tap import QueueTap
-from serving import held_steps
+from tests.queue_tap import QueueTap
+from tests.serving import held_steps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -4,7 +4,7 @@ The split is a pure function of a device list, tested here on stand-in
 devices. The data-parallel checks need several JAX devices: they run in one
 subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (8 CPU
 devices), because other test modules have already started JAX in this process
-with one. Run as a script (`python tests/test_parallel.py`), this file is
+with one. Run as a script (`python tests/test_devices.py`), this file is
 that subprocess and prints its measurements as JSON.
 """
 

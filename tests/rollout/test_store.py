@@ -16,7 +16,7 @@ from seedq.rollout.store import UnrollStore
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire.codec import Steps
-from serving import held_steps
+from tests.serving import held_steps
 
 pytestmark = pytest.mark.unit
 

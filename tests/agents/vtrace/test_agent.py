@@ -22,7 +22,7 @@ from seedq.config import TrainConfig, VTraceConfig
 from seedq.schema import EnvSpec
 from seedq import schema
 from seedq.quant.mode import InferencePrecision
-from serving import serve
+from tests.serving import serve
 
 CARTPOLE = EnvSpec("float32", (4,), num_actions=2)
 SWINGUP = EnvSpec("float32", (5,), action_shape=(2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))

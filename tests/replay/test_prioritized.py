@@ -22,7 +22,7 @@ from seedq.server.env_table import EnvTable, EpisodeLog
 from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
-from serving import held_steps, serve
+from tests.serving import held_steps, serve
 
 pytestmark = pytest.mark.unit
 

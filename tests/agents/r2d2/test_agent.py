@@ -30,7 +30,7 @@ from seedq.server.inference import InferenceServer
 from seedq.server.unrolls import UnrollQueue
 from seedq.wire import codec
 from seedq import schema
-from serving import serve
+from tests.serving import serve
 
 EPS = 1e-3
 SPEC = env_spec("CartPole-v1")
