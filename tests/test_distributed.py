@@ -251,7 +251,7 @@ def trained_since(output: str, steps: int) -> bool:
 # speed. That the group's update is the single-device one is
 # test_an_update_across_two_processes_equals_the_single_device_update's; solving (475) took
 # the group 868k frames (docs/devices.md "Multi-host").
-FRAME_BUDGET = 40_000
+FRAME_BUDGET = 12_000
 
 
 @pytest.mark.e2e

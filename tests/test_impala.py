@@ -457,9 +457,12 @@ def test_compare_writes_csv_and_plots(tmp_path):
 
 
 def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
-    # One env, a tiny budget for the notebook's own comparison; then the committed sittings.
+    # One env, two of the four configs (all four, and their columns, are the CLI's:
+    # test_compare_writes_csv_and_plots) and a tiny budget for the notebook's own
+    # comparison; then the committed sittings.
     monkeypatch.setenv("SEEDQ_COMPARE_ENV", "MinAtar/Breakout-v1")
     monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "6000")
+    monkeypatch.setenv("SEEDQ_COMPARE_CONFIGS", "seed-fp32,impala-int8")
     committed = REPO / "docs" / "impala_vs_seed"
     sittings = sorted(p.parent.name for p in committed.glob("*/results.csv"))
     assert {"throughput-minatar", "throughput-pong"} <= set(sittings)
@@ -480,7 +483,8 @@ def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
     assert "| impala-int8 |" in text and "| seed-fp32 |" in text and "no pulls" in text
     with open(tmp_path / "compare-small" / "MinAtar_Breakout-v1" / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 4 and all(r["final_normalized"] and r["energy_source"] for r in rows)
+    assert [r["config"] for r in rows] == ["seed-fp32", "impala-int8"]
+    assert all(r["final_normalized"] and r["energy_source"] for r in rows)
 
 
 def test_impala_actor_acts_with_the_learners_policy_on_box_actions():
