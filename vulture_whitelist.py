@@ -8,7 +8,7 @@ __getattr__  # Python's attribute lookup on the module `seedq` (PEP 562): `seedq
 __dir__  # dir(seedq) and tab completion (PEP 562)
 learner_state  # the Agent protocol's parameter (seedq/agents/base.py), which the learner passes by position
 _.exit_on_error  # argparse.ArgumentParser.parse_known_args reads it (seedq/api.py sets it)
-_.intercept_service  # grpc.aio calls a server interceptor's intercept_service on every call (seedq/channel.py)
+_.intercept_service  # grpc.aio calls a server interceptor's intercept_service on every call (seedq/transport/channel.py)
 request_iterator  # grpc.aio passes a stream handler its requests by position, read or not
 namespace  # argparse calls an Action as action(parser, namespace, values, option_string)
 option_string  # (the same call)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from seedq import grpc_setup as _grpc_setup
+from seedq.process import grpc_setup as _grpc_setup
 
 __version__ = "0.1.0"
 

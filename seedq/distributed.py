@@ -41,7 +41,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from seedq import exit_codes, lifetime
+from seedq.process import exit_codes, lifetime
 from seedq.config import DistributedConfig
 
 # Exit status of a learner process whose group lost a member.

@@ -169,7 +169,7 @@ def evaluate(
     lines: short episodes end first, so it is no estimate until the end).
     `env_threads`: the emulator threads of an Atari env; an evaluation that
     has the machine to itself (`seedq eval`, a comparison's) gives it
-    `seedq.affinity.usable_cores()`, one during training leaves the cores to
+    `seedq.process.affinity.usable_cores()`, one during training leaves the cores to
     the actors."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")

@@ -18,7 +18,8 @@ import threading
 import time
 import uuid
 
-from seedq import channel, distributed, run_dirs
+from seedq import distributed, run_dirs
+from seedq.transport import channel
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
@@ -26,8 +27,8 @@ from seedq import checkpoint
 from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
 from seedq.learner.learner import Learner
-from seedq.learner.reporting import RunReporter
-from seedq.learner.run_control import run_is_over
+from seedq.reporting.reporter import RunReporter
+from seedq.reporting.run_control import run_is_over
 from seedq.learner.server_thread import RUN_END_RECONNECT_SECONDS
 
 log = logging.getLogger("seedq.local")

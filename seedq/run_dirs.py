@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 
 # --- what a run directory holds ---
 # Every entry seedq writes into a run directory. A writer takes its name from

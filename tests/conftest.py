@@ -50,13 +50,13 @@ TIERS = ("unit", "e2e", "learning")
 
 def pytest_configure(config):
     # The in-process tests compile through JAX's persistent compilation cache, as
-    # the seedq processes do (seedq.jax_setup; SEEDQ_JAX_CACHE_DIR=off disables
+    # the seedq processes do (seedq.process.jax_setup; SEEDQ_JAX_CACHE_DIR=off disables
     # it), every compile included: the tests' many small functions each compile
     # in under the processes' 0.1 s threshold, and together they are half of the
     # unit tier's time (docs/testing.md).
     import jax
 
-    from seedq import jax_setup
+    from seedq.process import jax_setup
 
     jax_setup.configure()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

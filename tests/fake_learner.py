@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from seedq.learner.stats import LagTotals, LearnerStats
+from seedq.reporting.stats import LagTotals, LearnerStats
 
 
 def learner_stats(**overrides) -> LearnerStats:

@@ -120,7 +120,7 @@ def test_a_collective_cut_off_by_a_dead_peer_is_told_apart_from_other_errors():
 
 @pytest.mark.unit
 def test_the_groups_totals_sum_counters_and_pool_each_processes_latest_episodes():
-    from seedq.learner.run_control import group_totals
+    from seedq.reporting.run_control import group_totals
 
     def report(frames, returns):
         return {"frames": frames, "episodes": len(returns), "returns": returns, "lengths": [1.0] * len(returns)}
@@ -251,7 +251,7 @@ def trained_since(output: str, steps: int) -> bool:
 # speed. That the group's update is the single-device one is
 # test_an_update_across_two_processes_equals_the_single_device_update's; solving (475) took
 # the group 868k frames (docs/devices.md "Multi-host").
-FRAME_BUDGET = 40_000
+FRAME_BUDGET = 12_000
 
 
 @pytest.mark.e2e
@@ -320,7 +320,7 @@ def _update_main(process: int, port: int) -> None:
     group = distributed.initialize(DistributedConfig(
         coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=process, initialization_timeout_seconds=120))
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_parallel import _max_diff, _random_batch
+    from test_devices import _max_diff, _random_batch
 
     spec = EnvSpec("float32", (4,), num_actions=2)  # CartPole's
     out = {}

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from seedq.bench.drain import drain_unrolls
 from seedq.agents import frames as frames_lib
 from seedq.config import AtariConfig, DmcConfig, EnvOptions
 from seedq.envs import env_kind, env_spec, make_env, make_vector_env
@@ -303,7 +304,7 @@ def test_actor_with_a_different_preprocessing_is_refused(tmp_path):
     learner = Learner(
         TrainConfig(env="ALE/Pong-v5", logdir=str(tmp_path)), f"unix:{tmp_path}/l.sock"
     )
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     try:
         result = seedq(
             "actor", "--server", address, "--env", "ALE/Pong-v5", "--num-envs", "2",

@@ -8,14 +8,14 @@ import grimp
 import pytest
 
 from seedq import cli, extras
-from seedq.learner import curves
+from seedq.reporting import curves
 
 # The extras' packages, by import name, and the only seedq packages that may import them.
 # (PyYAML is a core dependency: config files.)
 EXTRA_PACKAGES = {"matplotlib": "bench", "psutil": "bench", "minatar": "minatar"}
 TOOLING = ("seedq.bench", "seedq.launch")
 # Training modules that use an extra's package only where it is installed.
-OPTIONAL_USERS = {"seedq.learner.curves", "seedq.envs"}  # curves.png; MinAtar ids
+OPTIONAL_USERS = {"seedq.reporting.curves", "seedq.envs"}  # curves.png; MinAtar ids
 
 
 def _uninstalled(monkeypatch, name: str) -> None:

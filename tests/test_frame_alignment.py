@@ -21,8 +21,9 @@ import time
 import jax
 import numpy as np
 import pytest
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
+from seedq.bench.drain import drain_unrolls
 from seedq.envs import run_defaults
 from seedq.learner.learner import Learner
 
@@ -111,7 +112,7 @@ def test_rewards_follow_the_action_and_the_cue_two_frames_back_in_every_unroll(t
     tap = UnrollTap(learner.queue)
     actor = None
     try:
-        address = learner.start(train=False)
+        address = learner.start(consume=drain_unrolls)
         actor = subprocess.Popen(
             [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", ENV_ID,
              "--num-envs", "16", "--actor-id", "cue"],

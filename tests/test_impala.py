@@ -33,7 +33,8 @@ from seedq.v1 import seed_pb2, seed_pb2_grpc
 from seedq.impala import codec as impala_codec
 from seedq.wire import codec
 from seedq import schema
-from serving import serve
+from seedq.bench.drain import drain_unrolls
+from tests.serving import serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -166,7 +167,7 @@ def impala_learner(tmp_path_factory):
         server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=64),
     )
     learner = Learner(config, f"unix:{tmp_path_factory.mktemp('impala')}/learner.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     yield learner, address
     learner.stop()
 
@@ -290,8 +291,7 @@ def full_queue_learner(tmp_path):
         server=dataclasses.replace(ServerConfig(), queue_capacity_unrolls=8),
     )
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
-    learner._drain_loop = learner._stop.wait  # nothing takes unrolls out
-    address = learner.start(train=False)
+    address = learner.start(consume=lambda _queue: learner._stop.wait())  # nothing takes unrolls out
     yield learner, address
     learner.stop()
 
@@ -390,7 +390,7 @@ def test_impala_actor_against_a_seed_learner_exits_with_a_clear_error(tmp_path):
     from seedq.learner.learner import Learner
 
     learner = Learner(TrainConfig(env="CartPole-v1"), f"unix:{tmp_path}/seed.sock")
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     try:
         result = seedq("impala-actor", "--server", address, "--env", "CartPole-v1", "--num-envs", "2",
                        "--retry-max-seconds", "20", timeout=120)
@@ -457,9 +457,12 @@ def test_compare_writes_csv_and_plots(tmp_path):
 
 
 def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
-    # One env, a tiny budget for the notebook's own comparison; then the committed sittings.
+    # One env, two of the four configs (all four, and their columns, are the CLI's:
+    # test_compare_writes_csv_and_plots) and a tiny budget for the notebook's own
+    # comparison; then the committed sittings.
     monkeypatch.setenv("SEEDQ_COMPARE_ENV", "MinAtar/Breakout-v1")
     monkeypatch.setenv("SEEDQ_COMPARE_FRAMES", "6000")
+    monkeypatch.setenv("SEEDQ_COMPARE_CONFIGS", "seed-fp32,impala-int8")
     committed = REPO / "docs" / "impala_vs_seed"
     sittings = sorted(p.parent.name for p in committed.glob("*/results.csv"))
     assert {"throughput-minatar", "throughput-pong"} <= set(sittings)
@@ -480,7 +483,8 @@ def test_impala_vs_seed_notebook_executes(tmp_path, monkeypatch, run_notebook):
     assert "| impala-int8 |" in text and "| seed-fp32 |" in text and "no pulls" in text
     with open(tmp_path / "compare-small" / "MinAtar_Breakout-v1" / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 4 and all(r["final_normalized"] and r["energy_source"] for r in rows)
+    assert [r["config"] for r in rows] == ["seed-fp32", "impala-int8"]
+    assert all(r["final_normalized"] and r["energy_source"] for r in rows)
 
 
 def test_impala_actor_acts_with_the_learners_policy_on_box_actions():

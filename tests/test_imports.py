@@ -134,3 +134,13 @@ def test_vulture_finds_no_dead_code():
     done = subprocess.run([sys.executable, "-m", "vulture", "seedq", "vulture_whitelist.py"],
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+@pytest.mark.unit
+def test_every_test_folder_is_a_package():
+    """Test modules get package names (tests.agents.vtrace.test_agent), so two
+    folders may hold test files of the same name without pytest refusing one."""
+    tests = pathlib.Path(__file__).resolve().parent
+    folders = {p.parent for p in tests.rglob("test_*.py")}
+    assert tests in folders
+    assert sorted(str(f.relative_to(tests.parent)) for f in folders if not (f / "__init__.py").exists()) == []

@@ -87,7 +87,7 @@ def test_the_learner_job_restarts_after_a_disruption_or_sigterm_without_spending
     """A drained node or a preemption (DisruptionTarget) and a learner stopped
     by SIGTERM after its checkpoint (exit 143) are replaced without counting;
     a usage error (exit 2) fails the Job; exit 0 (stop condition met) completes."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
 
     for name, docs in renders.items():
         job = learner_job(docs)

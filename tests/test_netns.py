@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from seedq import certs as certs_lib
+from seedq.transport import certs as certs_lib
 from seedq.local import stop_processes
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +73,7 @@ def namespaces():
 def _progress(log) -> tuple[int, int]:
     """(frames, connected actors) of the learner's newest progress line."""
     text = log.read_text() if log.exists() else ""
-    # The line writes frames as 94,112 below 100k, then 150k, 12.3M (seedq.learner.sinks.short_count).
+    # The line writes frames as 94,112 below 100k, then 150k, 12.3M (seedq.reporting.sinks.short_count).
     lines = re.findall(r"\] ([\d,.]+)([kMG]?) fr .*?\| (\d+) actors", text)
     if not lines:
         return 0, 0

@@ -12,12 +12,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fake_learner import ScriptedLearner
+from tests.fake_learner import ScriptedLearner
 
 from seedq import cli
 from seedq import checkpoint
-from seedq.learner.events import read_scalars
-from seedq.learner.stats import ActorStats
+from seedq.reporting.events import read_scalars
+from seedq.reporting.stats import ActorStats
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +90,7 @@ def assert_monotone_counters(run: pathlib.Path) -> dict:
 
 # Frames the resumed learner trains past the killed one's checkpoint: a budget
 # of work, so the test's outcome does not depend on how far a machine gets in
-# a time (the learning itself is tests/test_train_local.py's).
+# a time (the learning itself is tests/test_local.py's).
 RESUMED_FRAMES = 40_000
 
 
@@ -189,7 +189,7 @@ def test_eval_of_the_resumed_checkpoint_with_video(sigkilled_run, tmp_path):
     """`seedq eval` of the resumed run's final checkpoint, with a video read
     back: the returns equal the learner's own greedy eval of that checkpoint
     (same episodes, same seed). (Eval of a solved policy:
-    tests/test_train_local.py's learning run.)"""
+    tests/test_local.py's learning run.)"""
     import imageio.v2 as imageio
 
     summary = json.loads((sigkilled_run.run / "summary.json").read_text())
@@ -369,7 +369,7 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
     from rich.console import Console
 
     from seedq.config import TrainConfig
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     started = time.monotonic()
     learner = ScriptedLearner(started, episodes=30, mean_return=15.0, mean_length=15.0,
@@ -409,10 +409,10 @@ def test_progress_display_and_scalars(terminal, tmp_path, capsys):
 def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck():
     import dataclasses
 
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.config import TrainConfig
-    from seedq.learner.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
+    from seedq.reporting.sinks import PROGRESS_COLUMNS, Tick, progress_line, short_count
 
     # Two hours of Atari on 16 actors: every everyday figure fits.
     stats = learner_stats(frames=10_000_000, train_steps=100_000, mean_return=-20.5, inference_batches=9,
@@ -432,10 +432,10 @@ def test_progress_line_fits_120_columns_keeping_loss_entropy_and_the_bottleneck(
 
 
 def test_progress_line_shows_entropy_and_a_box_policys_std():
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
     from seedq.config import TrainConfig
-    from seedq.learner.sinks import Tick, progress_line
+    from seedq.reporting.sinks import Tick, progress_line
 
     def line(metrics):
         return progress_line(TrainConfig(), Tick(learner_stats(frames=100), metrics, 1.0, 100.0, 2.0))
@@ -522,9 +522,9 @@ def test_throughput_bench_reports_the_learners_cost_per_message():
 def test_the_progress_tick_and_the_summary_name_the_bottleneck(busy, held, cpu, dropped, expected):
     import dataclasses
 
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
-    from seedq.learner.sinks import Tick
+    from seedq.reporting.sinks import Tick
 
     # Two snapshots 10 s apart; the second's counters grew by the shares above.
     before = learner_stats(time=100.0, inference_batches=10, server_thread_cpu_seconds=5.0, queue_put_unrolls=100)

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from seedq import cli, exit_codes
+from seedq import cli
+from seedq.process import exit_codes
 
 SEEDQ = [sys.executable, "-m", "seedq.cli"]
 
@@ -136,7 +137,7 @@ def test_a_second_ctrl_c_during_the_final_checkpoint_still_writes_the_summary(tm
     must not cost the run its summary.json (or its checkpoint)."""
     import threading
 
-    from seedq.learner.reporting import RunReporter
+    from seedq.reporting.reporter import RunReporter
 
     run = tmp_path / "run"
     real_checkpoint, second_at = RunReporter.checkpoint, []

@@ -572,7 +572,7 @@ def test_an_int8_run_records_its_measured_per_layer_plan(tmp_path):
     """`seedq train --precision int8` with the real system: the learner's
     server measures its per-layer int8/fp32 plan and the summary records it.
     (int8's agreement with fp32 on a solved policy: the learning run of
-    tests/test_train_local.py.)"""
+    tests/test_local.py.)"""
     logdir = tmp_path / "cartpole"
     result = subprocess.run(
         [sys.executable, "-m", "seedq.cli", "train", "--env", "CartPole-v1", "--precision", "int8",
@@ -862,7 +862,7 @@ def test_force_int8_needs_int8_precision():
 
 @pytest.mark.unit
 def test_progress_line_and_summary_report_the_int8_mac_share():
-    from seedq.learner import sinks
+    from seedq.reporting import sinks
 
     a, b = ("a",), ("b",)
     plan = qplan.Int8Plan({8: frozenset(), 64: frozenset({a}), 256: frozenset({a, b})},

@@ -16,11 +16,12 @@ import time
 import numpy as np
 import pytest
 
+from seedq.bench.drain import drain_unrolls
 from seedq.config import R2D2Config, TrainConfig
 from seedq import checkpoint
 from seedq import schema
 from seedq.learner.learner import Learner
-from seedq.learner.reporting import RunReporter
+from seedq.reporting.reporter import RunReporter
 
 # --- the soak (docs/reliability.md has the 300 s figures) ---
 
@@ -242,7 +243,7 @@ def test_a_stream_closed_for_silence_tells_its_actor_unavailable():
                          server=ServerConfig(keepalive_seconds=1.0, peer_timeout_seconds=2.0))
     config.validate()
     learner = Learner(config, default_address())
-    learner.start(train=False)
+    learner.start(consume=drain_unrolls)
     spec = env_spec("CartPole-v1")
 
     async def silent_actor():
@@ -341,7 +342,7 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
     records) from the kernel; a child that did not ask lives on."""
     child_code = (
         "import os, pathlib, signal, sys, time\n"
-        "from seedq import lifetime\n"
+        "from seedq.process import lifetime\n"
         "out = pathlib.Path(sys.argv[1])\n"
         "signal.signal(signal.SIGTERM, lambda *a: (out.write_text('SIGTERM'), sys.exit(0)))\n"
         "if sys.argv[2] == 'ask':\n"
@@ -380,7 +381,8 @@ def test_a_child_that_asked_to_die_with_its_parent_gets_the_signal_when_the_pare
 def test_an_inference_failure_ends_the_run_with_learner_error_and_exit_1(tmp_path, monkeypatch, capsys):
     """A batch that fails once would fail again: the learner stops rather than
     answering INTERNAL for ever; summary.json names the error; exit 1."""
-    from seedq import cli, exit_codes
+    from seedq import cli
+    from seedq.process import exit_codes
     from seedq.server.inference import InferenceServer
 
     real_infer = InferenceServer._infer
@@ -438,7 +440,7 @@ def _failing_on_call(n, error, failed_at, real):
 @pytest.mark.e2e
 def test_a_failure_recording_answered_steps_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """Steps that cannot be recorded would be lost from every batch on: the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.rollout.core import ActingCore
 
     failed_at = []
@@ -454,7 +456,7 @@ def test_a_failure_recording_answered_steps_ends_the_run_with_learner_error(tmp_
 def test_the_batch_loop_dying_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """A failure outside a batch's own try (here: taking the next batch) ends
     the batcher task; the server thread notices and the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.server.inference import InferenceServer
 
     failed_at = []
@@ -469,7 +471,7 @@ def test_the_batch_loop_dying_ends_the_run_with_learner_error(tmp_path, monkeypa
 @pytest.mark.e2e
 def test_an_impala_parameter_pull_failure_ends_the_run_with_learner_error(tmp_path, monkeypatch):
     """A failing PullParams would fail every actor's pull from then on: the run stops, exit 1."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
     from seedq.impala.service import ParamsPublisher
 
     failed_at = []

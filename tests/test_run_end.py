@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 from seedq.v1 import seed_pb2_grpc
@@ -104,7 +104,7 @@ def test_a_run_that_ends_tells_every_actor_and_they_exit_0(tmp_path):
     learner = Learner(CONFIG, f"unix:{tmp_path}/learner.sock")
     actors = []
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         assert health(address, channel.RUN_SERVICE) == "SERVING"
         actors = [start_actor(address, tmp_path, f"actor-{i}") for i in range(2)]
         wait_until(lambda: learner.table.num_connected == 2, "both actors connected")
@@ -138,7 +138,7 @@ def test_a_learner_stopped_for_a_restart_leaves_its_actors_waiting(tmp_path):
     learner = Learner(CONFIG, f"unix:{tmp_path}/learner.sock")
     actors = []
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         actors = [start_actor(address, tmp_path, "actor-0")]
         wait_until(lambda: learner.table.num_connected == 1, "the actor connected")
         learner.stop()  # SIGTERM under --resume auto, or a failure: no run_ended
@@ -183,7 +183,7 @@ def test_an_actor_between_reconnects_hears_the_end_of_a_run(tmp_path):
     try:
         wait_until(lambda: "waiting for the learner" in actor.log.read_text(), "the actor to retry", 60)
         learner = Learner(CONFIG, address)
-        learner.start(train=True)
+        learner.start()
         learner.stop(run_ended="target_return", notice_least_seconds=RUN_END_RECONNECT_SECONDS)
         assert actor.wait(10) == 0, actor.log.read_text()
     finally:
@@ -196,7 +196,7 @@ def test_an_impala_actor_hears_the_end_of_the_run_and_exits_0(tmp_path):
     learner = Learner(config, f"unix:{tmp_path}/learner.sock")
     actor = None
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         log = open(tmp_path / "impala.log", "wb")
         actor = subprocess.Popen(
             [sys.executable, "-m", "seedq.cli", "impala-actor", "--server", address, "--env", "CartPole-v1",

@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 import pytest
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
-from seedq import netdelay
+from seedq.transport import netdelay
 from seedq.actor.groups import (
     GROUP_SLACK,
     MAX_GROUPS,
@@ -189,7 +189,7 @@ def test_actor_groups_keep_every_env_in_order_beside_an_actor_of_todays_protocol
     tap = OrderTap(learner.queue)
     proxy = actors = None
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         proxy = netdelay.DelayProxy(address, one_way_ms=5.0)
         delayed = proxy.start()
         actors = [start_actor(delayed, tmp_path, "grouped", num_envs=4, groups=3),
@@ -248,11 +248,11 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
 
 @pytest.mark.unit
 def test_progress_line_and_summary_count_actors_and_their_groups():
-    from fake_learner import learner_stats
+    from tests.fake_learner import learner_stats
 
-    from seedq.learner.run_control import RunClock, TargetRecord
-    from seedq.learner.sinks import RunInfo, Tick, progress_line, summary_json
-    from seedq.learner.stats import ActorStats
+    from seedq.reporting.run_control import RunClock, TargetRecord
+    from seedq.reporting.sinks import RunInfo, Tick, progress_line, summary_json
+    from seedq.reporting.stats import ActorStats
 
     def line(stats):
         return progress_line(TrainConfig(), Tick(stats, {}, 10.0, 1000.0, 5.0))
@@ -273,7 +273,7 @@ def test_the_actor_measures_the_channels_round_trip_with_health_pings_through_th
 
     import grpc
 
-    from seedq import channel as channel_lib
+    from seedq.transport import channel as channel_lib
     from seedq.actor.groups import channel_rtt_seconds
 
     one_way_ms = 15.0

@@ -134,7 +134,7 @@ def run_episodes(client: ContractClient, num_envs: int, episodes: int, max_batch
 def learner(tmp_path_factory):
     learner = Learner(CONFIG, f"unix:{tmp_path_factory.mktemp('contract')}/learner.sock")
     try:
-        learner.address = learner.start(train=True)
+        learner.address = learner.start()
         yield learner
     finally:
         learner.stop()

@@ -33,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from seedq.bench.drain import drain_unrolls
 from seedq.config import ServerConfig, TrainConfig, VTraceConfig
 from seedq.learner.learner import Learner
 from seedq.server.service import MAX_MESSAGE_BYTES
@@ -42,7 +43,7 @@ from seedq.wire import codec
 from seedq.schema import EnvSpec
 from seedq.wire.codec import OutOfOrder, ProtocolError
 
-from queue_tap import QueueTap
+from tests.queue_tap import QueueTap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -651,7 +652,7 @@ def seed_cluster(tmp_path_factory, log_watch):
     tap = FiniteTap(learner.queue)
     actor = None
     try:
-        address = learner.start(train=True)
+        address = learner.start()
         log = open(workdir / "actor.log", "wb")
         actor = subprocess.Popen(
             [sys.executable, "-m", "seedq.cli", "actor", "--server", address, "--env", "CartPole-v1",
@@ -761,7 +762,7 @@ def impala_learner(tmp_path_factory, log_watch):
     config = dataclasses.replace(SERVER_CONFIG, architecture="impala")
     learner = Learner(config, f"unix:{tmp_path_factory.mktemp('fuzz-impala')}/learner.sock")
     tap = FiniteTap(learner.queue)
-    address = learner.start(train=False)
+    address = learner.start(consume=drain_unrolls)
     yield learner, address, tap
     learner.stop()
 

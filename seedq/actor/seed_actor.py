@@ -26,9 +26,9 @@ import zlib
 import grpc
 import numpy as np
 
-from seedq import channel as channel_lib
-from seedq import grpc_setup
-from seedq import lifetime
+from seedq.transport import channel as channel_lib
+from seedq.process import grpc_setup
+from seedq.process import lifetime
 from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing

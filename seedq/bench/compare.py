@@ -121,7 +121,7 @@ def read_curve(logdir: str) -> list[dict]:
     """[{frames, seconds, return, episodes}] at every progress tick of a run
     (`return`: the mean over the last return_window episodes, fewer before
     `episodes` reaches it)."""
-    from seedq.learner.events import read_scalars
+    from seedq.reporting.events import read_scalars
 
     scalars = read_scalars(logdir)
     seconds = dict(scalars.get("time/elapsed_seconds", []))
@@ -176,7 +176,7 @@ def run(base: TrainConfig, configs: list[str], seeds: int, out: str, *,
     are skipped and unfinished ones continued (seedq.bench.jobs.resume_args)."""
     os.makedirs(out, exist_ok=True)
     if base.actor_cores:
-        from seedq.affinity import why_not_pinnable
+        from seedq.process.affinity import why_not_pinnable
 
         why_not = why_not_pinnable(base.actor_cores)
         if why_not:  # the rows say the actors ran unpinned

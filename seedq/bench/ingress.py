@@ -6,7 +6,7 @@ rewards, flags) on `streams` real gRPC streams, each its own connection, as
 that many actors would. The learner is the real one (handshake, env table,
 batching, unroll store, inference with the run's network; training unless
 --no-train), on a real transport: loopback TCP, optionally through the
-delaying proxy (`seedq.netdelay`), or a unix socket.
+delaying proxy (`seedq.transport.netdelay`), or a unix socket.
 
 The learner's CPU over the measured window is split into the network's
 compute (the server thread inside the jitted policy, XLA's worker threads,
@@ -134,7 +134,7 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
     """Drives one stream per id until the phase says stop; counts what was served while measuring."""
     import grpc
 
-    from seedq import channel as channel_lib
+    from seedq.transport import channel as channel_lib
     from seedq.envs import env_spec
     from seedq.v1 import seed_pb2
     from seedq.wire import codec
@@ -202,7 +202,7 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
 
 
 def _generator(address, channel_config, stream_ids, recording_path, env_id, phase, out) -> None:
-    from seedq import grpc_setup
+    from seedq.process import grpc_setup
 
     try:
         out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase)))
@@ -280,9 +280,10 @@ def learner_config(load: IngressLoad, base=None, server=None, devices=None):
 
 def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
     """Serves `load` from a real learner for its window; returns the JSON figures."""
-    from seedq import netdelay
+    from seedq.transport import netdelay
     from seedq.bench.throughput import _wait_for_batching_choice
     from seedq.learner.learner import Learner
+    from seedq.bench.drain import drain_unrolls
     from seedq.local import default_address, local_channel_config
 
     load.validate()
@@ -299,7 +300,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
         phase = ctx.Value("i", WARMING, lock=False)
         out = ctx.Queue()
         try:
-            address = learner.start(train=load.train)
+            address = learner.start(consume=None if load.train else drain_unrolls)
             rss_before = rss_bytes()
             if load.rtt_ms:
                 proxy, address = netdelay.start_process(address, load.rtt_ms / 2)

@@ -21,7 +21,8 @@ import time
 import typing
 
 from seedq import config as config_lib
-from seedq import exit_codes, run_dirs
+from seedq import run_dirs
+from seedq.process import exit_codes
 from seedq.bench.throughput import read_json
 from seedq.config import TrainConfig, to_dict
 

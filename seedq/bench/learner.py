@@ -144,7 +144,7 @@ def measure_inference(config, agent, spec, seconds: float, seed: int = 0) -> dic
 def run(config, seconds: float = 5.0) -> dict:
     """Both measurements for a validated TrainConfig (resolved as `seedq train`
     resolves it), with the config figures they depend on."""
-    from seedq import jax_setup
+    from seedq.process import jax_setup
     from seedq.agents import make_agent
     from seedq.envs import env_spec
 

@@ -142,7 +142,7 @@ def evaluate_checkpoints(run_dir: str, episodes: int, seed: int, log=print,
     (greedy, `episodes` episodes from env seed `seed`, at the acting precision),
     saving after each; returns them all. Logs how far each has got every
     `progress_seconds` (500 Pong episodes take many minutes)."""
-    from seedq.affinity import usable_cores
+    from seedq.process.affinity import usable_cores
     from seedq.config import load as load_config
     from seedq.evaluation import EVAL_ENVS, MAX_EPISODE_STEPS, evaluate, load_policy
 

@@ -9,7 +9,7 @@ optionally SIGKILLs the learner once and restarts it with `--resume`; the
 surviving actors reconnect to it by themselves (their retry with backoff).
 
 What it measures comes from the learner's `<run>/stats.json` (rewritten every
-`STATS_EVERY_SECONDS`; see seedq.learner.sinks), the checkpoints' own
+`STATS_EVERY_SECONDS`; see seedq.reporting.sinks), the checkpoints' own
 counters, and the OS (the learner's resident memory through psutil; which
 actor processes are alive):
 

@@ -160,6 +160,7 @@ def run(
         raise ValueError("--rounds must be >= 1 and --seconds > 0")
     from seedq.config import TrainConfig
     from seedq.learner.learner import Learner
+    from seedq.bench.drain import drain_unrolls
     from seedq.local import default_address
     config = TrainConfig(env=env_id, num_actors=num_actors, envs_per_actor=envs_per_actor)
     config.validate()
@@ -170,7 +171,7 @@ def run(
     address = default_address()
     learner = Learner(config, address)
     try:
-        learner.start(train=train)
+        learner.start(consume=None if train else drain_unrolls)
         with tempfile.TemporaryDirectory(prefix="seedq-bench-stuck-") as stats_dir:
             for r in range(rounds):
                 for phase in phases:

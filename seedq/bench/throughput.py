@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from seedq.learner.bottleneck import BINDING_SHARE, bottleneck_of  # noqa: F401 (this module's API)
+from seedq.reporting.bottleneck import BINDING_SHARE, bottleneck_of  # noqa: F401 (this module's API)
 
 
 def _raw_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
@@ -63,9 +63,10 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
     """The SEED loop's frames/s for a validated TrainConfig (env, actors,
     envs per actor, devices, server). `rtt_ms`: None, a unix socket (as
     `seedq train`); a number, loopback TCP through the delaying proxy
-    (`seedq.netdelay`) with that round trip added (0: the same path, no delay)."""
-    from seedq import netdelay
+    (`seedq.transport.netdelay`) with that round trip added (0: the same path, no delay)."""
+    from seedq.transport import netdelay
     from seedq.learner.learner import Learner
+    from seedq.bench.drain import drain_unrolls
     from seedq.local import default_address, spawn_actors, stop_processes
 
     num_actors = config.num_actors
@@ -76,7 +77,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
             actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
         learner = Learner(config, address if rtt_ms is None else "127.0.0.1:0")
         try:
-            address = learner.start(train=train)
+            address = learner.start(consume=None if train else drain_unrolls)
             if rtt_ms is not None:  # the proxy needs the learner's port; the actors, the proxy's
                 proxy, address = netdelay.start_process(address, rtt_ms / 2)
                 actors = spawn_actors(address, config, stats_dir, stats_skip_seconds=warmup_seconds)
@@ -174,7 +175,7 @@ def system_fps(config, seconds: float, warmup_seconds: float, train: bool, rtt_m
     }
 
 
-# (bottleneck_of and BINDING_SHARE live in seedq.learner.bottleneck: the running learner shares them.)
+# (bottleneck_of and BINDING_SHARE live in seedq.reporting.bottleneck: the running learner shares them.)
 
 
 def _wait_for_batching_choice(rule, timeout: float = 60.0) -> None:

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_actor_config(args)
     if args.cores:  # first, so that every thread started later inherits it
-        from seedq.affinity import parse_cores, pin_process
+        from seedq.process.affinity import parse_cores, pin_process
 
         try:
             parse_cores(args.cores, "--cores")
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         why_not = pin_process(args.cores)
         if why_not:
             print(f"seedq {args.command}: {why_not}", file=sys.stderr, flush=True)
-    from seedq import grpc_setup
+    from seedq.process import grpc_setup
 
     grpc_setup.quiet_core_logs()  # before the actor modules import grpc
     if args.command == "actor":

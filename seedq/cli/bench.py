@@ -233,7 +233,7 @@ def _add_inference(bench_sub) -> None:
 
 
 def _inference(args) -> int:
-    from seedq import jax_setup
+    from seedq.process import jax_setup
     from seedq.bench import inference
 
     jax_setup.configure()

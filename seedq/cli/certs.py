@@ -30,8 +30,8 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seedq import certs as certs_lib
-    from seedq import exit_codes
+    from seedq.transport import certs as certs_lib
+    from seedq.process import exit_codes
 
     try:
         paths = certs_lib.make(args.out, args.hosts, args.days, replace=args.replace)

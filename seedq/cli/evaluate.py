@@ -7,7 +7,7 @@ import json
 import sys
 
 from seedq import config as config_lib
-from seedq.affinity import usable_cores
+from seedq.process.affinity import usable_cores
 from seedq.cli.common import HelpFormatter
 
 

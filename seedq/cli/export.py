@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 from seedq.cli.common import HelpFormatter
 
 

@@ -8,7 +8,7 @@ import sys
 from seedq import config as config_lib
 from seedq.cli.common import HelpFormatter, default_config
 from seedq.config import TrainConfig
-from seedq.exit_codes import UsageError
+from seedq.process.exit_codes import UsageError
 from seedq.flags import add_config_flags, config_from_args
 
 

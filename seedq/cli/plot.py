@@ -1,11 +1,11 @@
-"""`seedq plot`: the learning curves of runs overlaid in one figure (seedq.learner.curves)."""
+"""`seedq plot`: the learning curves of runs overlaid in one figure (seedq.reporting.curves)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from seedq import exit_codes
+from seedq.process import exit_codes
 from seedq.cli.common import HelpFormatter
 
 
@@ -23,7 +23,7 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seedq.learner.curves import plot_runs
+    from seedq.reporting.curves import plot_runs
 
     try:
         out = plot_runs(args.runs, args.out, title=args.title)

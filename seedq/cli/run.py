@@ -8,7 +8,8 @@ import signal
 import sys
 
 from seedq import config as config_lib
-from seedq import exit_codes, run_dirs
+from seedq import run_dirs
+from seedq.process import exit_codes
 from seedq.cli.common import HelpFormatter, add_section_help
 from seedq.config.resolve import file_layer
 from seedq.flags import add_config_flags, flag_layer
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
 
     if getattr(args, "parent_pid", 0) and not distributed.is_supervised_child():
         # The process `--parent-pid` started: a supervisor passes the SIGTERM on to its child.
-        from seedq import lifetime
+        from seedq.process import lifetime
 
         lifetime.die_with_parent(args.parent_pid, signal.SIGTERM)
     if distributed.needs_supervisor(config.distributed):
@@ -153,5 +154,5 @@ def run(args: argparse.Namespace, argv: list[str] | None, started: float) -> int
         print(f"seedq {args.command}: {e}", file=sys.stderr)
         return exit_codes.PEER_LOST
     # SIGTERM before the stop condition exits 143 (checkpointed), so that a
-    # supervisor (a Kubernetes Job) starts the run again; see seedq.exit_codes.
+    # supervisor (a Kubernetes Job) starts the run again; see seedq.process.exit_codes.
     return exit_codes.for_stop_reason(summary["stop_reason"])

@@ -7,7 +7,7 @@ import json
 import typing
 from typing import Any
 
-from seedq import atomic_files
+from seedq.process import atomic_files
 from seedq.config.layout import LAYOUT_KEY, migrated, with_layout
 from seedq.config.run import TrainConfig
 

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Optional, Sequence
 
-from seedq.affinity import parse_cores
+from seedq.process.affinity import parse_cores
 from seedq.config.checks import NETWORK_CHOICES, check_choice, check_non_negative, check_positive
 from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions

@@ -7,7 +7,7 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
-    """Weights & Biases (the `wandb` extra; seedq.learner.wandb_sink): off
+    """Weights & Biases (the `wandb` extra; seedq.reporting.wandb_sink): off
     unless `project` is set. WANDB_MODE=offline writes the W&B run into the
     run directory without an account."""
 

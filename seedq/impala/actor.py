@@ -271,7 +271,7 @@ def main(args) -> int:
     """Entry point of `seedq impala-actor`."""
     # JAX on the CPU (an accelerator belongs to the learner), set before JAX is imported.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from seedq import jax_setup
+    from seedq.process import jax_setup
     from seedq.actor import seed_actor
 
     jax_setup.configure()

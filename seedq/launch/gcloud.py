@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.config import TrainConfig
 from seedq.launch.options import RUNTIME_VERSIONS, VmOptions
 
@@ -230,7 +230,7 @@ def learner_then_stop_actors(config: TrainConfig, opts: VmOptions) -> str:
     stopped it to be restarted: exit 143) the actor group resized to zero, so
     that the actor VMs stop billing once the run is over (a managed group
     recreates VMs that merely shut down). Needs compute.instanceGroupManagers.update."""
-    from seedq import exit_codes
+    from seedq.process import exit_codes
 
     learner = shlex.join(learner_command(config, opts))
     resize = shlex.join(["gcloud", "compute", "instance-groups", "managed", "resize", f"{opts.name}-actors",

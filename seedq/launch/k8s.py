@@ -47,7 +47,8 @@ extras.require("launch", "yaml")
 
 import yaml  # noqa: E402
 
-from seedq import channel, exit_codes
+from seedq.transport import channel
+from seedq.process import exit_codes
 from seedq import config as config_lib
 from seedq.config import TrainConfig
 from seedq.launch.options import K8sOptions
@@ -290,7 +291,7 @@ def learner_job(config: TrainConfig, opts: K8sOptions) -> dict:
 
 
 def learner_failure_policy() -> dict:
-    """How the learner Job treats a pod that ended (seedq.exit_codes):
+    """How the learner Job treats a pod that ended (seedq.process.exit_codes):
 
     * preempted, evicted or its node drained (the DisruptionTarget condition),
       or stopped by SIGTERM / SIGINT after its checkpoint (exit 143 / 130, e.g.
@@ -322,7 +323,7 @@ ACTOR_RETRY_SECONDS = 3600
 
 
 def actor_failure_policy() -> dict:
-    """How an actor Job treats a pod that ended (seedq.exit_codes): exit 0 (the
+    """How an actor Job treats a pod that ended (seedq.process.exit_codes): exit 0 (the
     learner said the run ended) completes its index; preempted or evicted
     (DisruptionTarget): replaced without counting; refused by the learner
     (exit 2: credentials, another env): the Job fails at once; anything else

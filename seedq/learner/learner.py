@@ -11,17 +11,20 @@ Threads:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from seedq import config as config_lib
-from seedq import jax_setup, schema
+from seedq import schema
+from seedq.process import jax_setup
 from seedq.agents import make_agent
 from seedq.agents.base import Agent
 from seedq.config import TrainConfig
@@ -33,7 +36,7 @@ from seedq.envs import env_spec
 from seedq.learner.group import GroupControl
 from seedq.learner.server_thread import ServerThread
 from seedq.rollout.core import training_reward_clip
-from seedq.learner.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
+from seedq.reporting.stats import ActorStats, LearnerStats, PolicyLagLog, StepTiming
 from seedq.quant.mode import InferencePrecision
 from seedq.schema import BEHAVIOUR_VERSION, EnvSpec
 from seedq.server.batching import BatchingRule
@@ -135,7 +138,7 @@ class Learner:
         self.learner_run = uuid.uuid4().hex[:12]
         self.train_steps = 0
         self.trained_frames = 0
-        self.step_timing = StepTiming()  # stalls (seedq.learner.stats)
+        self.step_timing = StepTiming()  # stalls (seedq.reporting.stats)
         # (state, train_steps, trained_frames, version) change together under
         # this lock, so a checkpoint never pairs parameters with stale counters;
         # the train-step timing and publish counters too, for `stats()`.
@@ -221,24 +224,24 @@ class Learner:
         with self._state_lock:
             return self.state, self.train_steps, self.trained_frames, self.version
 
-    def start(self, train: bool = True) -> str:
-        """Starts serving (and training); returns the address actors dial."""
+    def start(self, consume: Callable[[UnrollQueue], None] | None = None) -> str:
+        """Starts serving and training; returns the address actors dial.
+        `consume(queue)`, where given, runs in the training thread instead of
+        training (the benches' `--no-train`: seedq.bench.drain)."""
         self.step_timing.frames_at_start = self.table.frames  # restored counters, if resumed
         try:
             self.address = self._server.start()
         finally:
             if self._server.thread is not None:
                 self._threads.append(self._server.thread)
-        # Without training (inference benchmarks) finished unrolls are drained
-        # and dropped, so backpressure does not stall the actors.
-        target = self._train_loop if train else self._drain_loop
+        target = self._train_loop if consume is None else functools.partial(consume, self.queue)
         consumer = threading.Thread(target=target, name="seedq-train", daemon=True)
         consumer.start()
         self._threads.append(consumer)
         return self.address
 
     def training_thread_ids(self) -> set[int]:
-        """Native ids of the thread that trains (or, without training, drains) the unroll queue."""
+        """Native ids of the thread that trains on (or, in a bench, drains) the unroll queue."""
         return {t.native_id for t in self._threads if t.name == "seedq-train"}
 
     def server_thread_cpu_seconds(self) -> float | None:
@@ -373,12 +376,6 @@ class Learner:
                 thread.join(timeout)
         return not self.training
 
-    def _drain_loop(self) -> None:
-        # Whole chunks, not one unroll at a time: slicing them cost the server
-        # thread GIL time in `seedq bench throughput --no-train`.
-        while self.queue.take_all(timeout=0.2) is not None or not self._stop.is_set():
-            pass
-
     def _warm_up(self) -> None:
         """Compiles the update while the first sequences are being collected."""
         zeros = self.batches.example_batch()
@@ -440,7 +437,7 @@ class Learner:
     # --- reporting (caller's thread) ---
 
     def stats(self, since: LearnerStats | None = None) -> LearnerStats:
-        """One snapshot of this learner's counters (seedq.learner.stats); its
+        """One snapshot of this learner's counters (seedq.reporting.stats); its
         interval figures cover what happened since `since`, an earlier one.
         Counters that change together are read under the lock they change under."""
         with self._state_lock:

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable
 
-from seedq import grpc_setup
+from seedq.process import grpc_setup
 from seedq.config import TrainConfig
 from seedq.server.inference import InferenceServer
 from seedq.server.service import start_server

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from seedq.host_memory import memory_bytes
+from seedq.process.host_memory import memory_bytes
 from seedq.wire.codec import SLOT_BUDGET_MARKER
 from seedq.wire.groups import actor_of
 

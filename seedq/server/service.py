@@ -7,7 +7,7 @@ of order with FAILED_PRECONDITION, both naming the field; a superseded run
 with ABORTED, shutdown with UNAVAILABLE, and anything unexpected with
 INTERNAL after logging its traceback. Every other stream keeps being served;
 no input ends in gRPC's UNKNOWN. Credentials, the health service and
-dead-peer detection live in `seedq.channel`.
+dead-peer detection live in `seedq.transport.channel`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import grpc
 from google.protobuf.message import DecodeError
 
-from seedq import channel
+from seedq.transport import channel
 from seedq.config import AuthConfig, ServerConfig, TlsConfig
 from seedq.server.env_table import SlotBudgetExhausted
 from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerClosing

@@ -41,7 +41,7 @@ from seedq.agents.optimizer import Optimizer
 from seedq.agents.r2d2 import losses
 from seedq.agents.r2d2.networks import RecurrentQNetwork
 from seedq.config import R2D2Config
-from seedq.host_memory import memory_available_bytes
+from seedq.process.host_memory import memory_available_bytes
 from seedq.replay import check_replay_fits
 from seedq.replay.prioritized import PrioritizedBatches, PrioritizedReplay
 
