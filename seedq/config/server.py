@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from seedq.exit_codes import UsageError
+from seedq.process.exit_codes import UsageError
 from seedq.config.checks import check_channel, check_choice, check_non_negative, check_positive
 
 

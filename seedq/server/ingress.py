@@ -159,7 +159,7 @@ class DeviceLink:
 def serve(index: int, config, address: str, learner_run: str, spec, sock) -> None:
     """An ingress process's main: serves `address` until the learner's process
     says stop or is gone (`sock`: its end of the link)."""
-    from seedq import grpc_setup
+    from seedq.process import grpc_setup
 
     logging.basicConfig(level=logging.WARNING, format=f"ingress {index}: %(levelname)s %(message)s")
     grpc_setup.run(_serve(config, address, learner_run, spec, sock))

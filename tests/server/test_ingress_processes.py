@@ -19,10 +19,11 @@ import grpc
 import numpy as np
 import pytest
 
-from seedq import channel as channel_lib
-from seedq import exit_codes
+from seedq.transport import channel as channel_lib
+from seedq.process import exit_codes
 from seedq.config import AuthConfig
 from seedq.envs import env_spec, run_defaults
+from seedq.bench.drain import drain_unrolls
 from seedq.learner.learner import Learner
 from seedq.v1 import seed_pb2
 from seedq.wire import codec
@@ -50,7 +51,7 @@ def learner_config(tmp_path, **server):
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     learner = Learner(learner_config(tmp_path_factory.mktemp("ingress")), "127.0.0.1:0")
-    learner.start(train=False)
+    learner.start(consume=drain_unrolls)
     yield learner
     learner.stop()
 
@@ -143,7 +144,7 @@ def test_every_ingress_process_keeps_the_slot_budget_and_the_health_services_lim
 def test_a_unix_socket_learner_refuses_several_ingress_processes(tmp_path):
     learner = Learner(learner_config(tmp_path), f"unix:{tmp_path}/learner.sock")
     with pytest.raises(ValueError, match="server.ingress_processes=2 needs a TCP address"):
-        learner.start(train=False)
+        learner.start(consume=drain_unrolls)
     learner.stop()
 
 
