@@ -26,6 +26,11 @@ MAX_GROUPS = 8
 # Groups are added until an actor's cycle is at most this factor above the
 # better of stepping alone or a request's wait alone (`groups_for`).
 GROUP_SLACK = 1.25
+# seedq learners pad each inference batch to a power of two from 8 env steps
+# (seedq.server.inference.bucket_sizes): groups of a multiple of 8 envs send
+# messages that fill those sizes, where groups of 11 would be padded to 16
+# and the learner would compute 5 steps in 16 for nothing.
+ALIGNED_GROUP_ENVS = 8
 # Health-service pings that measure the channel's round trip (after one that
 # may include connecting).
 RTT_PINGS = 5
@@ -56,13 +61,26 @@ def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int, serve_sec
     MIN_GROUPED_RTT_SECONDS (the learner's own wait alone is what a local
     actor has always had), and where stepping is so cheap against the wait
     that groups would add messages and gain nothing; at most MAX_GROUPS and
-    one env per group."""
+    one env per group, and rounded up to fill the learner's batch sizes
+    (`aligned_groups`)."""
     if rtt_seconds < MIN_GROUPED_RTT_SECONDS or step_seconds <= 0:
         return 1
     wait = rtt_seconds + max(serve_seconds, 0.0)
     room = GROUP_SLACK * max(step_seconds, wait) - wait
     wanted = math.ceil(step_seconds / room - 1e-9)  # 4.0000001 is 4 groups
-    return max(1, min(num_envs, MAX_GROUPS, wanted))
+    return aligned_groups(max(1, min(num_envs, MAX_GROUPS, wanted)), num_envs)
+
+
+def aligned_groups(groups: int, num_envs: int) -> int:
+    """The fewest groups from `groups` up to MAX_GROUPS whose groups all hold
+    a whole multiple of ALIGNED_GROUP_ENVS envs (32 envs: 3 -> 4 groups of
+    8), or `groups` itself where there is none or one group is enough."""
+    if groups == 1:
+        return 1
+    for count in range(groups, MAX_GROUPS + 1):
+        if num_envs % count == 0 and (num_envs // count) % ALIGNED_GROUP_ENVS == 0:
+            return count
+    return groups
 
 
 async def channel_rtt_seconds(channel, metadata=None, pings: int = RTT_PINGS) -> float:

@@ -15,7 +15,7 @@ from seedq.wire import codec
 @pytest.mark.unit
 def test_the_learners_serve_time_counts_toward_the_wait_the_groups_hide():
     for rtt, step, serve in ((0.025, 0.035, 0.015), (0.010, 0.040, 0.020), (0.025, 0.015, 0.015)):
-        groups = groups_for(rtt, step, 64, serve)
+        groups = groups_for(rtt, step, 63, serve)  # 63: no count fills the batch sizes exactly
         wait = rtt + serve
         assert wait + step / groups <= GROUP_SLACK * max(wait, step) + 1e-12
         if groups > 1:  # and one group fewer would not do
@@ -115,3 +115,20 @@ def test_an_actor_reconnects_its_envs_in_the_groups_its_measured_waits_call_for(
     # The measured ping may exceed 10 ms on a busy host: its count, never one group.
     assert 1 < stats.groups <= wanted
     assert stats.run_ended == "max_seconds"
+
+
+@pytest.mark.unit
+def test_groups_are_rounded_up_to_fill_the_learners_batch_sizes():
+    for num_envs in (32, 64, 48):
+        for wanted in range(2, MAX_GROUPS + 1):
+            groups = groups_lib.aligned_groups(wanted, num_envs)
+            assert wanted <= groups <= MAX_GROUPS
+            sizes = groups_lib.group_sizes(num_envs, groups)
+            fits = [g for g in range(wanted, MAX_GROUPS + 1)
+                    if num_envs % g == 0 and num_envs // g % groups_lib.ALIGNED_GROUP_ENVS == 0]
+            if fits:  # the fewest such groups, each a whole multiple of the learner's smallest batch
+                assert groups == fits[0]
+                assert all(size % groups_lib.ALIGNED_GROUP_ENVS == 0 for size in sizes)
+            else:
+                assert groups == wanted
+    assert groups_lib.aligned_groups(1, 32) == 1
