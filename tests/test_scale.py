@@ -118,7 +118,7 @@ def test_groups_stay_one_below_the_round_trip_floor_or_where_stepping_is_cheap()
 @pytest.mark.unit
 def test_groups_hide_the_round_trip_behind_the_other_groups_steps():
     for rtt, step in ((0.025, 0.015), (0.025, 0.025), (0.005, 0.050)):
-        groups = groups_for(rtt, step, 64)
+        groups = groups_for(rtt, step, 63)  # 63 envs: no count fills the learner's batch sizes exactly
         cycle = rtt + step / groups  # one group's: its round trip, then its share of the steps
         assert cycle <= GROUP_SLACK * max(rtt, step) + 1e-12
         if groups > 1:  # and one group fewer would not do

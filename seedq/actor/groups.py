@@ -1,9 +1,11 @@
 """Actor groups (docs/wire.md "Actor groups"): how many groups an actor's
-envs form, from the channel's round trip and the env's step time, and the
-vector env of each group. `seed_actor` streams each group on its own."""
+envs form, from the channel's round trip, the env's step time and what the
+learner's answers take, and the vector env of each group. `seed_actor`
+streams each group on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -22,32 +24,63 @@ MIN_GROUPED_RTT_SECONDS = 0.002
 # More groups than this add messages without hiding more of the round trip.
 MAX_GROUPS = 8
 # Groups are added until an actor's cycle is at most this factor above the
-# better of stepping alone or the round trip alone (`groups_for`).
+# better of stepping alone or a request's wait alone (`groups_for`).
 GROUP_SLACK = 1.25
+# seedq learners pad each inference batch to a power of two from 8 env steps
+# (seedq.server.inference.bucket_sizes): groups of a multiple of 8 envs send
+# messages that fill those sizes, where groups of 11 would be padded to 16
+# and the learner would compute 5 steps in 16 for nothing.
+ALIGNED_GROUP_ENVS = 8
 # Health-service pings that measure the channel's round trip (after one that
 # may include connecting).
 RTT_PINGS = 5
 # Steps of one env, random actions, that time stepping before choosing groups.
 TIMED_STEPS = 20
+# The automatic count is chosen again once, from requests' measured waits:
+# each group's first requests are left out (the learner compiles for new
+# batch shapes and tries its batching rules), the next are sampled.
+SETTLE_REQUESTS_PER_GROUP = 20
+SAMPLED_REQUESTS_PER_GROUP = 20
+# How often the re-choice looks at the requests counted so far.
+RECHOICE_POLL_SECONDS = 0.1
+
 
 def group_sizes(num_envs: int, groups: int) -> list[int]:
     """How `num_envs` envs split into `groups` groups: as evenly as possible, the larger first."""
     return [len(part) for part in np.array_split(np.arange(num_envs), groups)]
 
 
-def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int) -> int:
-    """The automatic group count. With G groups taking turns, one group's
-    cycle is the round trip r plus its share s/G of the vector step s, and
-    the actor's cycle can never beat max(s, r) (its CPU, or the network):
-    the fewest groups whose cycle r + s/G is within GROUP_SLACK of that
-    bound. One group below MIN_GROUPED_RTT_SECONDS, and where stepping is so
-    cheap against the round trip that groups would add messages and gain
-    nothing; at most MAX_GROUPS and one env per group."""
+def groups_for(rtt_seconds: float, step_seconds: float, num_envs: int, serve_seconds: float = 0.0) -> int:
+    """The automatic group count (seconds in, a count out). A request waits
+    w = r + q: the network's round trip r (a ping's) and the learner's serve
+    time q (batching and inference; 0 before any was measured). With G
+    groups taking turns, one group's cycle is w plus its share s/G of the
+    vector step s, and the actor's cycle can never beat max(s, w) (its CPU,
+    or its requests): the fewest groups whose cycle w + s/G is within
+    GROUP_SLACK of that bound. One group where r is below
+    MIN_GROUPED_RTT_SECONDS (the learner's own wait alone is what a local
+    actor has always had), and where stepping is so cheap against the wait
+    that groups would add messages and gain nothing; at most MAX_GROUPS and
+    one env per group, and rounded up to fill the learner's batch sizes
+    (`aligned_groups`)."""
     if rtt_seconds < MIN_GROUPED_RTT_SECONDS or step_seconds <= 0:
         return 1
-    room = GROUP_SLACK * max(step_seconds, rtt_seconds) - rtt_seconds
+    wait = rtt_seconds + max(serve_seconds, 0.0)
+    room = GROUP_SLACK * max(step_seconds, wait) - wait
     wanted = math.ceil(step_seconds / room - 1e-9)  # 4.0000001 is 4 groups
-    return max(1, min(num_envs, MAX_GROUPS, wanted))
+    return aligned_groups(max(1, min(num_envs, MAX_GROUPS, wanted)), num_envs)
+
+
+def aligned_groups(groups: int, num_envs: int) -> int:
+    """The fewest groups from `groups` up to MAX_GROUPS whose groups all hold
+    a whole multiple of ALIGNED_GROUP_ENVS envs (32 envs: 3 -> 4 groups of
+    8), or `groups` itself where there is none or one group is enough."""
+    if groups == 1:
+        return 1
+    for count in range(groups, MAX_GROUPS + 1):
+        if num_envs % count == 0 and (num_envs // count) % ALIGNED_GROUP_ENVS == 0:
+            return count
+    return groups
 
 
 async def channel_rtt_seconds(channel, metadata=None, pings: int = RTT_PINGS) -> float:
@@ -96,12 +129,53 @@ def probe_env(env_id: str, num_envs: int, options, timed: bool) -> tuple[schema.
         probe.close()
 
 
-async def group_envs(channel, metadata, env_id, num_envs, options, groups, step_seconds, actor_id) -> list:
-    """The vector env of each group. `groups` 0: chosen from the channel's
-    round trip and the step time (`groups_for`)."""
+def make_groups(env_id: str, num_envs: int, options, groups: int) -> list:
+    """The vector env of each of `groups` groups."""
+    return [make_vector_env(env_id, n, options=options) for n in group_sizes(num_envs, groups)]
+
+
+async def group_envs(channel, metadata, env_id, num_envs, options, groups, step_seconds,
+                     actor_id) -> tuple[list, float | None]:
+    """(the vector env of each group, the channel's round trip in seconds or
+    None). `groups` 0: chosen from the round trip and the step time
+    (`groups_for`); the round trip is returned for `rechoose_groups`, and is
+    None where the count was given or the round trip is too short to group."""
+    rtt = None
     if groups == 0:
         rtt = await channel_rtt_seconds(channel, metadata)
         groups = groups_for(rtt, step_seconds, num_envs)
         log.info("actor %s: round trip %.1f ms, vector step %.1f ms: %d env groups",
                  actor_id, rtt * 1e3, step_seconds * 1e3, groups)
-    return [make_vector_env(env_id, n, options=options) for n in group_sizes(num_envs, groups)]
+        if rtt < MIN_GROUPED_RTT_SECONDS:
+            rtt = None
+    return make_groups(env_id, num_envs, options, groups), rtt
+
+
+class Regroup(Exception):
+    """The measured waits call for `groups` groups: reconnect with that many."""
+
+    def __init__(self, groups: int):
+        super().__init__(f"{groups} env groups")
+        self.groups = groups
+
+
+async def rechoose_groups(stats, rtt_seconds: float, num_envs: int, groups: int, actor_id: str) -> int:
+    """The automatic count chosen again from what requests really waited,
+    once an actor has served `groups` groups a while (its ActorStats
+    `stats`): the median of the sampled requests' times (seen by the actor)
+    less the ping's `rtt_seconds` is the learner's serve time, and the step
+    time is the one measured meanwhile (env seconds per frame x `num_envs`)."""
+    async def requests_reach(count: int) -> None:
+        while stats.steps < count:
+            await asyncio.sleep(RECHOICE_POLL_SECONDS)
+
+    await requests_reach(stats.steps + SETTLE_REQUESTS_PER_GROUP * groups)
+    since, env_seconds, frames = stats.requests.count, stats.env_seconds, stats.frames
+    await requests_reach(stats.steps + SAMPLED_REQUESTS_PER_GROUP * groups)
+    (request_seconds,) = stats.requests.percentiles((50,), since=since)
+    step_seconds = (stats.env_seconds - env_seconds) / max(stats.frames - frames, 1) * num_envs
+    serve_seconds = max(request_seconds - rtt_seconds, 0.0)
+    chosen = groups_for(rtt_seconds, step_seconds, num_envs, serve_seconds)
+    log.info("actor %s: requests wait %.1f ms (%.1f ms of it the learner's), vector step %.1f ms: "
+             "%d env groups", actor_id, request_seconds * 1e3, serve_seconds * 1e3, step_seconds * 1e3, chosen)
+    return chosen

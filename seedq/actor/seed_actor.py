@@ -33,7 +33,7 @@ from seedq.config import ActorChannelConfig, EnvOptions
 from seedq.envs import make_vector_env
 from seedq.latency import LatencyRing
 from seedq.wire import codec
-from seedq.actor.groups import group_envs, probe_env
+from seedq.actor.groups import Regroup, group_envs, make_groups, probe_env, rechoose_groups
 from seedq.wire.groups import group_stream_id
 from seedq.wire.metered import ByteCounter, MeteredStub
 from seedq import schema
@@ -113,10 +113,13 @@ class ActorStats:
     record_after: float = 0.0
     # Round-trip latency of recent vector steps (seconds).
     _rtts: LatencyRing = dataclasses.field(default_factory=lambda: LatencyRing(1 << 16))
+    # Every request's time, warm-up included (the automatic group count reads them).
+    requests: LatencyRing = dataclasses.field(default_factory=lambda: LatencyRing(1 << 10))
 
     def record_rtt(self, seconds: float, now: float) -> None:
         self.wait_seconds += seconds
         self.steps += 1
+        self.requests.record(seconds)
         if now >= self.record_after:
             self._rtts.record(seconds)
 
@@ -179,10 +182,11 @@ def channel_target(address: str) -> str:
     raise ValueError(f"server address {address!r}: expected unix:/path/to.sock or host:port")
 
 
-async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, **kwargs):
+async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, watcher=None, **kwargs):
     """One stream per group, concurrently; the first to fail ends them all
-    (the actor then reconnects every group with fresh run ids). Group k's
-    envs are seeded as envs offset_k.. of one vector would be."""
+    (the actor then reconnects every group with fresh run ids), and so does
+    `watcher` (a coroutine, or None) if it raises. Group k's envs are seeded
+    as envs offset_k.. of one vector would be."""
     offsets = np.cumsum([0] + [env.num_envs for env in envs])
     tasks = [
         asyncio.create_task(connection(
@@ -190,6 +194,8 @@ async def _serve_groups(stub, envs, spec, *, actor_id, seed, connection, **kwarg
             seed=seed + int(offsets[k]), **kwargs))
         for k, env in enumerate(envs)
     ]
+    if watcher is not None:
+        tasks.append(asyncio.create_task(watcher))
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
@@ -279,14 +285,23 @@ async def run_actor(
     `channel_config` sets TLS, the token and keepalive; a refusal of those
     credentials is a FatalActorError (retrying cannot fix it).
     `groups`: the env groups, one stream each (0: chosen at the first
-    connection from the channel's round trip and the env step time; always
-    1 on a unix socket).
+    connection from the channel's round trip and the env step time, then
+    once more from the requests' measured waits; always 1 on a unix socket).
     """
     connection = connection or _serve_one_connection
     stats = stats or ActorStats()
     if groups == 0 and address.startswith(("unix:", "unix-abstract:")):
         groups = 1  # a socket on this host: no network round trip to hide
-    envs, step_seconds = None, 0.0
+    envs, step_seconds, rtt = None, 0.0, None
+
+    async def settle_groups() -> None:
+        """The automatic count, chosen once more from the requests' measured waits."""
+        nonlocal rtt
+        chosen = await rechoose_groups(stats, rtt, num_envs, len(envs), actor_id)
+        rtt = None  # once only: a second choice would measure waits its own count shaped
+        if chosen != len(envs):
+            raise Regroup(chosen)
+
     if groups == 1:
         envs = [make_vector_env(env_id, num_envs, options=options)]
         spec = schema.spec_from_spaces(envs[0].single_observation_space, envs[0].single_action_space)
@@ -312,16 +327,27 @@ async def run_actor(
                     # does not replay the same episodes (attempts that found no
                     # learner do not count: the first episodes follow the seed alone).
                     if envs is None:
-                        envs = await group_envs(channel, metadata, env_id, num_envs, options, groups,
-                                                 step_seconds, actor_id)
+                        envs, rtt = await group_envs(channel, metadata, env_id, num_envs, options, groups,
+                                                      step_seconds, actor_id)
                         stats.groups = len(envs)
                     serve_kwargs = {"env_id": env_id, "seed": seed + 7919 * stats.connections, "stats": stats,
                                     "skip_seconds": stats_skip_seconds}
-                    if len(envs) == 1:
+                    if rtt is not None:  # the automatic count, not yet chosen from measured waits
+                        await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
+                                            watcher=settle_groups(),
+                                            **serve_kwargs)
+                    elif len(envs) == 1:
                         await connection(stub, envs[0], spec, actor_id=actor_id, num_envs=num_envs, **serve_kwargs)
                     else:  # (the first group told that the run ended ends them all)
                         await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
                                             **serve_kwargs)
+                except Regroup as e:
+                    for each in envs:
+                        each.close()
+                    envs = make_groups(env_id, num_envs, options, e.groups)
+                    stats.groups = e.groups
+                    backoff, disconnected_since = 0.05, time.monotonic()
+                    continue  # at once: the learner is there
                 except codec.RunEnded as e:
                     stats.run_ended = e.stop_reason
                     print(f"actor {actor_id}: {e}; stopping", file=sys.stderr, flush=True)

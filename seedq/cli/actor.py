@@ -65,7 +65,8 @@ def add_parsers(sub) -> None:
         "--groups", type=int, default=0,
         help="env groups, one stream each, that take turns so that envs step while other groups' "
         "actions travel (docs/wire.md); 0: 1 on a unix socket or below a 2 ms round trip, else "
-        "chosen from the round trip (health-service pings) and the env step time",
+        "chosen from what a request waits (the round trip of health-service pings, then the learner's "
+        "serve time too) and the env step time",
     )
     impala = sub.add_parser(
         "impala-actor",

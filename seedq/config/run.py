@@ -61,7 +61,8 @@ class TrainConfig:
     # turns: one group steps while the others' actions are on their way, which
     # hides a network's round trip (docs/wire.md "Actor groups"). 0: the actor
     # chooses (1 on a unix socket, under `deterministic`, and below a 2 ms
-    # round trip; otherwise from the round trip and its env step time).
+    # round trip; otherwise from the round trip, the learner's serve time and
+    # its env step time).
     actor_groups: int = 0
     # Pixel observations (uint8 [H, W] frames) are stacked on the learner,
     # this many per network input; actors send single frames. 1: no stacking.
