@@ -293,7 +293,7 @@ def test_a_config_json_written_by_the_commit_before_resumes_and_is_saved_in_this
     and the resumed run saves config.json and its checkpoints in this layout."""
     from seedq import checkpoint
     from seedq import config as config_lib
-    from test_checkpoint import _cli, _run_saved_by_the_commit_before
+    from tests.test_checkpoint import _cli, _run_saved_by_the_commit_before
 
     run = _run_saved_by_the_commit_before(tmp_path)
     before = json.loads((run / "config.json").read_text())

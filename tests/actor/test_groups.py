@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from seedq import netdelay
+from seedq.transport import netdelay
 from seedq.actor import groups as groups_lib
 from seedq.actor.groups import GROUP_SLACK, MAX_GROUPS, MIN_GROUPED_RTT_SECONDS, groups_for, rechoose_groups
 from seedq.actor.seed_actor import ActorStats, run_actor
@@ -73,7 +73,7 @@ def test_an_actor_reconnects_its_envs_in_the_groups_its_measured_waits_call_for(
     for more groups, and the actor serves every env again in that many streams."""
     import grpc
 
-    from seedq import channel as channel_lib
+    from seedq.transport import channel as channel_lib
 
     monkeypatch.setattr(groups_lib, "RECHOICE_POLL_SECONDS", 0.001)
     step_seconds, request_seconds, num_envs = 0.040, 0.015, 8
