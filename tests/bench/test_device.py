@@ -27,7 +27,7 @@ def test_a_stage_that_fails_names_its_log(tmp_path):
 @pytest.mark.e2e
 def test_device_check_on_this_cpu_writes_device_json(tmp_path, capsys):
     out = tmp_path / "check"
-    assert cli.main(["bench", "device", "--minutes", "2", "--out", str(out)]) == 0
+    assert cli.main(["bench", "device", "--minutes", "1", "--out", str(out)]) == 0
     report = json.loads((out / "device.json").read_text())
     assert report["backend"] == "cpu" and report["devices"][0]["platform"] == "cpu"
     assert sorted(report["stages"]) == ["inference", "learner", "throughput", "training"]
