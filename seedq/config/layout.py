@@ -40,17 +40,24 @@ def with_layout(data: dict) -> dict:
     return {**data, LAYOUT_KEY: LAYOUT_VERSION}
 
 
+def check_layout_number(key: str, version, current: int, what: str) -> None:
+    """ValueError in one line unless `version` (the saved `key`) is a layout
+    number this code can migrate from: a whole number >= 0, at most `current`.
+    Shared by the config's and the learner state's layouts."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"{key}={version!r}: expected a layout number")
+    if version > current:
+        raise ValueError(
+            f"{what} {version} is newer than this seedq's ({current}): "
+            "use the seedq that wrote it, or a newer one"
+        )
+
+
 def migrated(data: dict) -> dict:
     """The fields of a saved config in this code's layout (without the version
     key); ValueError in one line for a layout it cannot take."""
     version = data.get(LAYOUT_KEY, 0)
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise ValueError(f"{LAYOUT_KEY}={version!r}: expected a layout number")
-    if version > LAYOUT_VERSION:
-        raise ValueError(
-            f"config layout {version} is newer than this seedq's ({LAYOUT_VERSION}): "
-            "use the seedq that wrote it, or a newer one"
-        )
+    check_layout_number(LAYOUT_KEY, version, LAYOUT_VERSION, "config layout")
     fields = {k: v for k, v in data.items() if k != LAYOUT_KEY}
     for step in range(version, LAYOUT_VERSION):
         if step not in MIGRATIONS:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from seedq.config.layout import check_layout_number
+
 STATE_LAYOUT_VERSION = 1
 STATE_LAYOUT_KEY = "state_layout"
 
@@ -48,13 +50,7 @@ def saved_state_layout(meta: dict) -> int:
 def migrated_state(tree: dict, version: int) -> dict:
     """A saved state tree of layout `version` in this code's layout; ValueError
     in one line for a layout it cannot take."""
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise ValueError(f"{STATE_LAYOUT_KEY}={version!r}: expected a layout number")
-    if version > STATE_LAYOUT_VERSION:
-        raise ValueError(
-            f"learner state layout {version} is newer than this seedq's ({STATE_LAYOUT_VERSION}): "
-            "use the seedq that wrote it, or a newer one"
-        )
+    check_layout_number(STATE_LAYOUT_KEY, version, STATE_LAYOUT_VERSION, "learner state layout")
     for step in range(version, STATE_LAYOUT_VERSION):
         tree = MIGRATIONS[step](tree)
     return tree
