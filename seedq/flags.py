@@ -172,21 +172,11 @@ def field_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, prefix + key + "."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def env_dependent_fields() -> frozenset[str]:
     """Dotted names of the fields whose default depends on the env (its target
     return, Box actions, pixel frames: config.defaults_for)."""
-    variants = [_flat(config_lib.to_dict(config_lib.defaults_for(box, None, pixels)))
+    variants = [config_lib.dotted_fields(config_lib.to_dict(config_lib.defaults_for(box, None, pixels)))
                 for box, pixels in ((False, False), (True, False), (False, True))]
     changing = {k for k in variants[0] if len({repr(v[k]) for v in variants}) > 1}
     return frozenset(changing | {"target_return"})

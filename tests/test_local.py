@@ -306,20 +306,9 @@ def test_a_config_json_written_by_the_commit_before_resumes_and_is_saved_in_this
     assert after.pop("layout_version") == config_lib.LAYOUT_VERSION
     # Every field the old file held keeps its value but the flags given (fields
     # added since take their defaults).
-    flat_before, flat_after = _flat(before), _flat(after)
+    flat_before, flat_after = config_lib.dotted_fields(before), config_lib.dotted_fields(after)
     changed = {k for k in flat_before if flat_before[k] != flat_after.get(k)}
     assert changed == {"max_frames", "num_actors", "envs_per_actor", "eval_episodes"}, changed
     # The checkpoint written by the resumed run records the layout too.
     meta, _ = checkpoint.read_meta(str(run))
     assert meta["config"]["layout_version"] == config_lib.LAYOUT_VERSION
-
-
-def _flat(fields: dict, prefix: str = "") -> dict:
-    """{"section.field": value} of a (nested) config dict."""
-    out = {}
-    for key, value in fields.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out

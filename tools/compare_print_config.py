@@ -20,28 +20,17 @@ import os
 import subprocess
 import sys
 
-# The learning suite's env families (seedq.bench.references.SUITE): vector
-# envs (Discrete and Box), MinAtar, dm_control and Atari pixels.
-ENVS = (
-    "CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Pendulum-v1", "MinAtar/Breakout-v1",
-    "MinAtar/SpaceInvaders-v1", "dmc:cartpole-swingup", "dmc:walker-walk", "ALE/Pong-v5",
-)
+from seedq.bench.references import SUITE
+from seedq.config import dotted_fields
+
+# The learning suite's envs (vector envs, Discrete and Box; MinAtar;
+# dm_control; Atari pixels), as this checkout's suite names them.
+ENVS = tuple(SUITE)
 AGENTS = ("vtrace", "r2d2")
 # Old dotted field name -> new one, for fields that moved or were renamed.
 MOVED: dict[str, str] = {}
 # A fixed run directory: the default one holds a timestamp and a pid.
 LOGDIR = "print-config-run"
-
-
-def flat(data: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def print_config(tree: str, env: str, agent: str) -> dict | str:
@@ -55,7 +44,7 @@ def print_config(tree: str, env: str, agent: str) -> dict | str:
     if done.returncode:
         lines = done.stderr.strip().splitlines()
         return f"exit {done.returncode}: {lines[-1] if lines else ''}"
-    return flat(json.loads(done.stdout))
+    return dotted_fields(json.loads(done.stdout))
 
 
 def differences(before: dict | str, after: dict | str) -> tuple[list[str], list[str]]:

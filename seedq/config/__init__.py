@@ -17,7 +17,7 @@ minute); larger machines raise `num_actors` / `envs_per_actor`.
 from seedq.config.checks import NETWORK_CHOICES, check_channel
 from seedq.config.devices import DevicesConfig, DistributedConfig
 from seedq.config.env_options import AtariConfig, DmcConfig, EnvOptions
-from seedq.config.files import from_dict, from_saved, load, read_json, save, saved_dict, to_dict, updated
+from seedq.config.files import dotted_fields, from_dict, from_saved, load, read_json, save, saved_dict, to_dict, updated
 from seedq.config.layout import LAYOUT_VERSION, migrated
 from seedq.config.r2d2 import R2D2Config
 from seedq.config.run import (
@@ -38,7 +38,7 @@ __all__ = [
     "ActorChannelConfig", "ActorTlsConfig", "AtariConfig", "AuthConfig", "DevicesConfig", "DistributedConfig",
     "DmcConfig", "EnvOptions", "OptimizerConfig", "QuantConfig", "R2D2Config", "ServerConfig", "TlsConfig", "TrainConfig",
     "VTraceConfig", "WandbConfig",
-    "check_batching_rule", "check_channel", "defaults_for", "from_dict", "from_saved",
+    "check_batching_rule", "check_channel", "defaults_for", "dotted_fields", "from_dict", "from_saved",
     "is_pixel_observation",
     "load", "migrated", "read_json", "save", "saved_dict", "to_dict", "updated",
 ]

@@ -16,6 +16,17 @@ def to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
 
+def dotted_fields(data: dict, prefix: str = "") -> dict:
+    """A (nested) config dict as {"section.field": value}: {"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(dotted_fields(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def save(config: TrainConfig, path: str) -> None:
     """Writes config.json (with its layout version) whole and durably: `--resume`
     reads it, so a kill or a full disk mid-write must leave the previous file, not a part."""
