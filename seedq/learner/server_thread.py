@@ -105,38 +105,52 @@ class ServerThread:
         service = self._service = self._make_service()
         try:
             if self._config.server.ingress_processes > 1:
-                await self._serve_from_ingress_processes(service)
-                return
-            server, self.address, set_serving = await start_server(
-                service, self._requested_address, server_config=self._config.server,
-                tls=self._config.tls, auth=self._config.auth,
-            )
+                serving, open_streams, stop_front = await self._start_ingress_hub(service)
+            else:
+                serving, open_streams, stop_front = await self._start_grpc_server(service)
         except BaseException as e:  # reported to start()
             self._error = e
             self._ready.set()
             return
         batcher = asyncio.create_task(self._inference.run())
         batcher.add_done_callback(self._batcher_ended)
-        await set_serving(True)
+        await serving(True)
         self._ready.set()
         try:
             await self._shutdown_event.wait()
         finally:
             run_ended = self._run_ended
-            service.run_ended = run_ended
-            await set_serving(False, run_ended=bool(run_ended))
+            await serving(False, run_ended)
             # Answer every waiting stream with UNAVAILABLE (actors reconnect
             # or exit), or with the run's end, before the server stops taking messages.
             self._inference.close(run_ended)
             if run_ended:
-                await wait_for_streams_to_end(lambda: service.idle.open_streams, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
-            service.idle.close()
-            await server.stop(grace=1.0)
+                await wait_for_streams_to_end(open_streams, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
+            await stop_front()
             batcher.cancel()
 
+    async def _start_grpc_server(self, service):
+        """Serves the actors' streams from this thread's gRPC server: its
+        `serving(on, run_ended)`, open-stream count and stop."""
+        server, self.address, set_serving = await start_server(
+            service, self._requested_address, server_config=self._config.server,
+            tls=self._config.tls, auth=self._config.auth,
+        )
 
-    async def _serve_from_ingress_processes(self, service) -> None:
-        """As `_serve_async`, with the streams served by ingress processes."""
+        async def serving(on: bool, run_ended: str | None = None) -> None:
+            if not on:
+                service.run_ended = run_ended
+            await set_serving(on, run_ended=bool(run_ended))
+
+        async def stop() -> None:
+            service.idle.close()
+            await server.stop(grace=1.0)
+
+        return serving, lambda: service.idle.open_streams, stop
+
+    async def _start_ingress_hub(self, service):
+        """Serves the actors' streams from ingress processes (server.ingress_processes
+        > 1) through their hub: its `serving(on, run_ended)`, open-stream count and stop."""
         from seedq.server.ingress_hub import IngressHub
         from seedq.server.service import LearnerService
 
@@ -144,20 +158,7 @@ class ServerThread:
             raise ValueError("server.ingress_processes > 1 serves architecture=seed learners only")
         hub = self.hub = IngressHub(self._inference, self._config, service.learner_run, service.spec)
         self.address = await hub.start(self._requested_address)
-        batcher = asyncio.create_task(self._inference.run())
-        batcher.add_done_callback(self._batcher_ended)
-        await hub.set_serving(True)
-        self._ready.set()
-        try:
-            await self._shutdown_event.wait()
-        finally:
-            run_ended = self._run_ended
-            await hub.set_serving(False, run_ended)
-            self._inference.close(run_ended)
-            if run_ended:
-                await wait_for_streams_to_end(lambda: hub.open_streams, RUN_END_NOTICE_SECONDS, self._run_end_least_seconds)
-            await hub.stop()
-            batcher.cancel()
+        return hub.set_serving, lambda: hub.open_streams, hub.stop
 
 
 # How long a learner whose run is over keeps serving so that every connected
