@@ -14,6 +14,7 @@ import numpy as np
 
 from seedq import schema
 from seedq.envs import make_vector_env
+from seedq.wire.groups import SMALLEST_BATCH_BUCKET
 
 log = logging.getLogger("seedq.actor")
 
@@ -26,11 +27,10 @@ MAX_GROUPS = 8
 # Groups are added until an actor's cycle is at most this factor above the
 # better of stepping alone or a request's wait alone (`groups_for`).
 GROUP_SLACK = 1.25
-# seedq learners pad each inference batch to a power of two from 8 env steps
-# (seedq.server.inference.bucket_sizes): groups of a multiple of 8 envs send
-# messages that fill those sizes, where groups of 11 would be padded to 16
+# Groups of a multiple of the learner's smallest batch bucket send messages
+# that fill its padded batch sizes, where groups of 11 would be padded to 16
 # and the learner would compute 5 steps in 16 for nothing.
-ALIGNED_GROUP_ENVS = 8
+ALIGNED_GROUP_ENVS = SMALLEST_BATCH_BUCKET
 # Health-service pings that measure the channel's round trip (after one that
 # may include connecting).
 RTT_PINGS = 5

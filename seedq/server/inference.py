@@ -46,11 +46,12 @@ from seedq.server.errors import LearnerFailed, RunEnded, RunSuperseded, ServerCl
 from seedq.server.pacing import pace_interval
 from seedq.server.unrolls import QueueClosed, UnrollQueue
 from seedq.wire.codec import Steps
+from seedq.wire.groups import SMALLEST_BATCH_BUCKET
 
 log = logging.getLogger("seedq.server")
 
 
-def bucket_sizes(max_batch_size: int, smallest: int = 8) -> tuple[int, ...]:
+def bucket_sizes(max_batch_size: int, smallest: int = SMALLEST_BATCH_BUCKET) -> tuple[int, ...]:
     """Powers of two from `smallest` up to (and including) max_batch_size."""
     sizes, size = [], smallest
     while size < max_batch_size:

@@ -9,6 +9,11 @@ import re
 
 _GROUP_SUFFIX = re.compile(r"/g(\d+)$")
 
+# The learner pads each inference batch to a power of two from this many envs
+# (seedq.server.inference.bucket_sizes); actors size their groups in whole
+# multiples of it so that a group's message fills a bucket.
+SMALLEST_BATCH_BUCKET = 8
+
 
 def group_stream_id(actor_id: str, group: int, groups: int) -> str:
     """The stream's actor id: the actor's own with one group, `<id>/g<k>` for group k of several."""
