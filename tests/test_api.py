@@ -402,8 +402,12 @@ def test_an_export_whose_program_lies_outside_its_directory_is_refused_unread(tm
 
 
 CTRL_C_SCRIPT = r'''
-import os, sys, threading, time
+import os, signal, sys, threading, time
 import seedq
+
+# As Python in a terminal starts: a parent that runs this in the background
+# (`cmd &` in a script) hands it SIGINT ignored, and Python keeps that.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 logdir, where = sys.argv[1], sys.argv[2]
 
