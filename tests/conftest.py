@@ -76,3 +76,8 @@ def pytest_collection_modifyitems(config, items):
             f"{len(wrong)} test(s) need exactly one of unit, or e2e and/or learning "
             f"(pytest.mark.<tier> or the module's pytestmark): " + "; ".join(wrong[:5])
         )
+    # The slow tiers first: pytest-xdist hands out tests in this order, so the
+    # long runs start early and the many short unit tests even out the
+    # workers' ends (longest-first scheduling). A stable sort keeps each
+    # tier's own order.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("unit") is None else 1)

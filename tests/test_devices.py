@@ -152,6 +152,8 @@ def test_a_local_run_trains_on_a_device_split_and_records_it(tmp_path):
 # --- data-parallel training, on 8 forced CPU devices in a subprocess ---
 
 
+# Its tests share xdist_group("devices_measured"), so one worker builds it once
+# (--dist loadgroup in pyproject.toml), not each worker that runs one of them.
 @pytest.fixture(scope="module")
 def measured():
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={FORCED_DEVICES}",
@@ -162,12 +164,14 @@ def measured():
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("devices_measured")
 def test_the_split_of_real_forced_devices(measured):
     assert measured["num_devices"] == FORCED_DEVICES
     assert measured["split"] == {"inference": [0], "training": [1, 2, 3, 4]}
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("devices_measured")
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2"])
 def test_data_parallel_update_on_4_devices_equals_the_single_device_update(measured, agent):
     result = measured[agent]
@@ -303,6 +307,9 @@ def _subprocess_main() -> None:
     import jax
 
     from seedq.devices import resolve_split
+    from seedq.process import jax_setup
+
+    jax_setup.configure()  # the compile cache, as a learner process has it
 
     split = resolve_split(TrainConfig())
     out = {"num_devices": len(jax.local_devices()), "split": split.describe()}

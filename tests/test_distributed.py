@@ -315,8 +315,10 @@ def _update_main(process: int, port: int) -> None:
     from seedq.agents import make_agent
     from seedq.config import R2D2Config
     from seedq.devices import data_parallel, global_training_devices, local_copy
+    from seedq.process import jax_setup
     from seedq.schema import EnvSpec
 
+    jax_setup.configure()  # the compile cache, as a learner process has it
     group = distributed.initialize(DistributedConfig(
         coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=process, initialization_timeout_seconds=120))
     sys.path.insert(0, os.path.dirname(__file__))

@@ -102,6 +102,8 @@ def wait_exit(proc, timeout: float) -> int | None:
         return None
 
 
+# Its tests share xdist_group("operations_sigkilled_run"), so one worker builds it once
+# (--dist loadgroup in pyproject.toml), not each worker that runs one of them.
 @pytest.fixture(scope="module")
 def sigkilled_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("sigkill")
@@ -157,6 +159,7 @@ def sigkilled_run(tmp_path_factory):
     )
 
 
+@pytest.mark.xdist_group("operations_sigkilled_run")
 def test_sigkilled_learner_resumes_and_trains_to_its_frame_budget(sigkilled_run):
     r = sigkilled_run
     out = r.second.stdout + r.second.stderr
@@ -184,6 +187,7 @@ def test_sigkilled_learner_resumes_and_trains_to_its_frame_budget(sigkilled_run)
 # --- acceptance 2: eval of the resumed checkpoint, with a video read back ---
 
 
+@pytest.mark.xdist_group("operations_sigkilled_run")
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio starts ffmpeg (fork+exec)
 def test_eval_of_the_resumed_checkpoint_with_video(sigkilled_run, tmp_path):
     """`seedq eval` of the resumed run's final checkpoint, with a video read
@@ -211,6 +215,8 @@ def test_eval_of_the_resumed_checkpoint_with_video(sigkilled_run, tmp_path):
 # --- local mode: SIGKILL `seedq train`, then `seedq train --resume` ---
 
 
+# Its tests share xdist_group("operations_local_run"), so one worker builds it once
+# (--dist loadgroup in pyproject.toml), not each worker that runs one of them.
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("local") / "run"
@@ -257,6 +263,7 @@ def local_run(tmp_path_factory):
                            summary=json.loads((run / "summary.json").read_text()))
 
 
+@pytest.mark.xdist_group("operations_local_run")
 def test_train_resume_continues_the_local_run(local_run):
     killed, summary = local_run.killed, local_run.summary
     assert f"resuming from {local_run.killed_dir}" in local_run.second.stdout
@@ -275,6 +282,7 @@ def test_train_resume_continues_the_local_run(local_run):
     assert all(v >= 0 for _, v in scalars["learner/policy_lag_mean"])
 
 
+@pytest.mark.xdist_group("operations_local_run")
 def test_eval_reproduces_the_training_runs_evaluation(local_run, tmp_path):
     recorded = local_run.summary["eval"]
     assert recorded["policy"] == "greedy" and recorded["checkpoint"] == local_run.summary["checkpoint"]
@@ -339,6 +347,7 @@ def run_cli(args, capsys):
         (["eval", "{run}", "--env", "Acrobot-v1"], 1, "trained on CartPole-v1, which Acrobot-v1 does not fit"),
     ],
 )
+@pytest.mark.xdist_group("operations_local_run")
 def test_cli_errors_are_one_line(args, code, expected, local_run, tmp_path, capsys):
     no_checkpoint = tmp_path / "no_checkpoint"
     no_checkpoint.mkdir()
@@ -353,6 +362,7 @@ def test_cli_errors_are_one_line(args, code, expected, local_run, tmp_path, caps
     assert json.loads((local_run.run / "config.json").read_text())["vtrace"]["hidden_sizes"] == [64, 64]
 
 
+@pytest.mark.xdist_group("operations_local_run")
 def test_print_config_with_resume_shows_saved_config_plus_overrides(local_run, capsys):
     code, out, _ = run_cli(["train", "--resume", local_run.run, "--max-frames", "7", "--print-config"], capsys)
     assert code == 0
