@@ -335,7 +335,7 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
         # envs, the pixel defaults) is complete at 8 x 21 steps = 168 frames.
         "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "4000",
         "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "8",
-        "--eval-episodes", "1", "--atari.max-episode-frames", "2000",
+        "--eval-episodes", "1", "--atari.max-episode-frames", "1000",
         "--logdir", str(logdir), "--quiet", *extra, timeout=400,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -343,9 +343,9 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     assert summary["frames"] >= 4000 and summary["train_steps"] > 0
     assert summary["stop_reason"] == "max_frames"
     assert any((logdir / "checkpoints").iterdir())
-    # --atari.max-episode-frames 2000 at frame skip 4 truncates the game at 500 agent
+    # --atari.max-episode-frames 1000 at frame skip 4 truncates the game at 250 agent
     # steps (what the frames themselves look like: the unit tests above and below).
-    assert summary["eval"]["lengths"] == [500]
+    assert summary["eval"]["lengths"] == [250]
     config = json.loads((logdir / "config.json").read_text())
     assert config["frame_stack"] == 4 and config["atari"]["frame_skip"] == 4
 

@@ -51,6 +51,17 @@ class IngressLoad:
     rtt_ms: float = 0.0
     generators: int = 2
     transport: str = "tcp"
+    # The offered load: frames/s over all streams, each stream sending at its
+    # share of it (one message in flight, so never faster than served); 0: as
+    # fast as the learner answers. A fixed rate compares two learner setups
+    # at the same load, where a saturating load would give each its own.
+    frames_per_second: float = 0.0
+
+    def message_interval(self) -> float:
+        """Seconds between one stream's messages at the offered load (0: unpaced)."""
+        if not self.frames_per_second:
+            return 0.0
+        return self.streams * self.envs_per_stream / self.frames_per_second
 
     def validate(self) -> None:
         for name in ("streams", "envs_per_stream", "generators"):
@@ -62,6 +73,8 @@ class IngressLoad:
             raise ValueError(f"--warmup-seconds: {self.warmup_seconds:g} must not be negative")
         if self.rtt_ms < 0:
             raise ValueError(f"--rtt-ms: {self.rtt_ms:g} must not be negative")
+        if self.frames_per_second < 0:
+            raise ValueError(f"--frames-per-second: {self.frames_per_second:g} must not be negative")
         if self.transport not in ("tcp", "unix"):
             raise ValueError(f"--transport: {self.transport!r} is neither tcp nor unix")
         if self.rtt_ms and self.transport != "tcp":
@@ -130,8 +143,19 @@ def frames_by_process(learner) -> list[int]:
     return list(hub.frames) if hub else [learner.table.frames]
 
 
-async def _replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase) -> dict:
-    """Drives one stream per id until the phase says stop; counts what was served while measuring."""
+def next_due(due: float, interval: float, now: float) -> float:
+    """When a paced stream sends next, its last send due at `due` and sent by
+    `now`: an interval later, or now if its reply came later than that. The
+    schedule never catches up on late replies, so a stream's n-th send is never
+    due before its first plus n intervals: the offered rate is a ceiling."""
+    return max(due + interval, now)
+
+
+async def _replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase,
+                          interval: float = 0.0, streams: int = 1) -> dict:
+    """Drives one stream per id until the phase says stop; counts what was served while measuring.
+    `interval`: seconds from one of a stream's sends to its next (0: send on each reply); the
+    `streams` of the whole load start spread over one interval."""
     import grpc
 
     from seedq.transport import channel as channel_lib
@@ -172,7 +196,11 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
                     env_id=env_id).SerializeToString())
                 codec.decode_handshake_ack(seed_pb2.LearnerMessage.FromString(await call.read()))
                 i = k % len(messages)
+                due = time.perf_counter() + interval * k / streams
                 while phase.value != STOPPING:
+                    if interval:
+                        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                        due = next_due(due, interval, time.perf_counter())
                     sent = time.perf_counter()
                     await call.write(messages[i])
                     reply = await call.read()
@@ -201,11 +229,12 @@ async def _replay_streams(address, channel_config, stream_ids, recording_path, e
             "cpu_seconds": window["cpu"]}
 
 
-def _generator(address, channel_config, stream_ids, recording_path, env_id, phase, out) -> None:
+def _generator(address, channel_config, stream_ids, recording_path, env_id, phase, out, interval, streams) -> None:
     from seedq.process import grpc_setup
 
     try:
-        out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase)))
+        out.put(grpc_setup.run(_replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase,
+                                               interval, streams)))
     except Exception as e:  # noqa: BLE001 - reported to the parent, not lost with the process
         out.put({"error": f"{type(e).__name__}: {e}"})
 
@@ -307,7 +336,8 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             shares = np.array_split(np.arange(load.streams), min(load.generators, load.streams))
             for ids in shares:
                 generators.append(ctx.Process(target=_generator, args=(
-                    address, local_channel_config(config), ids.tolist(), recording_path, load.env_id, phase, out)))
+                    address, local_channel_config(config), ids.tolist(), recording_path, load.env_id, phase, out,
+                    load.message_interval(), load.streams)))
                 generators[-1].start()
             _wait_for_streams(learner, load.streams, generators)
             _wait_for_batching_choice(learner.inference.batching)
@@ -360,6 +390,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
         "transport": load.transport,
         "rtt_ms": load.rtt_ms,
         "generators": len(generators),
+        "offered_frames_per_second": load.frames_per_second or None,  # None: as fast as served
         "frames_per_second": frames / elapsed,
         "messages_per_second": messages / elapsed,
         "rtt_p50_ms": float(np.percentile(rtts, 50) * 1e3) if len(rtts) else None,

@@ -76,6 +76,9 @@ def _add_ingress(bench_sub) -> None:
     ingress.add_argument("--rtt-ms", type=float, default=0.0,
                          help="round trip added by a delaying TCP proxy between generators and learner")
     ingress.add_argument("--generators", type=int, default=2, help="load-generator processes sharing the streams")
+    ingress.add_argument("--frames-per-second", type=float, default=0.0,
+                         help="offered load over all streams, each stream sending at its share (one message in "
+                         "flight); 0: as fast as the learner answers")
     ingress.add_argument("--transport", choices=("tcp", "unix"), default="tcp",
                          help="tcp: 127.0.0.1 loopback; unix: a unix socket")
     ingress.add_argument("--json", action="store_true", help="print one JSON object")
@@ -379,6 +382,7 @@ def _ingress(args: argparse.Namespace) -> int:
             env_id=args.env, streams=args.streams, envs_per_stream=args.envs_per_stream,
             seconds=args.seconds, warmup_seconds=args.warmup_seconds, train=not args.no_train,
             rtt_ms=args.rtt_ms, generators=args.generators, transport=args.transport,
+            frames_per_second=args.frames_per_second,
         )
         load.validate()
         result = ingress.run(
