@@ -332,7 +332,10 @@ def test_pong_runs_end_to_end(tmp_path, agent, extra):
     logdir = tmp_path / agent
     result = seedq(
         # 4,000 frames: V-trace's first batch (16 unrolls of 10 + 1 steps from 8
-        # envs, the pixel defaults) is complete at 8 x 21 steps = 168 frames.
+        # envs, the pixel defaults) is complete at 8 x 21 steps = 168 frames, and
+        # the budget is above the 2,560 frames the unroll queue holds (256 unrolls
+        # of 10 steps), so the actors cannot reach it before the learner has
+        # taken unrolls: below that, a slow first compile ends the run untrained.
         "train", "--agent", agent, "--env", "ALE/Pong-v5", "--max-frames", "4000",
         "--target-return", "none", "--num-actors", "1", "--envs-per-actor", "8",
         "--eval-episodes", "1", "--atari.max-episode-frames", "1000",
