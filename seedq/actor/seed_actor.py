@@ -332,15 +332,13 @@ async def run_actor(
                         stats.groups = len(envs)
                     serve_kwargs = {"env_id": env_id, "seed": seed + 7919 * stats.connections, "stats": stats,
                                     "skip_seconds": stats_skip_seconds}
-                    if rtt is not None:  # the automatic count, not yet chosen from measured waits
-                        await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
-                                            watcher=settle_groups(),
-                                            **serve_kwargs)
-                    elif len(envs) == 1:
+                    # The automatic count, not yet chosen from measured waits, is watched.
+                    watcher = settle_groups() if rtt is not None else None
+                    if len(envs) == 1 and watcher is None:
                         await connection(stub, envs[0], spec, actor_id=actor_id, num_envs=num_envs, **serve_kwargs)
                     else:  # (the first group told that the run ended ends them all)
                         await _serve_groups(stub, envs, spec, actor_id=actor_id, connection=connection,
-                                            **serve_kwargs)
+                                            watcher=watcher, **serve_kwargs)
                 except Regroup as e:
                     for each in envs:
                         each.close()

@@ -152,7 +152,7 @@ def next_due(due: float, interval: float, now: float) -> float:
 
 
 async def _replay_streams(address, channel_config, stream_ids, recording_path, env_id, phase,
-                          interval: float = 0.0, streams: int = 1) -> dict:
+                          interval: float, streams: int) -> dict:
     """Drives one stream per id until the phase says stop; counts what was served while measuring.
     `interval`: seconds from one of a stream's sends to its next (0: send on each reply); the
     `streams` of the whole load start spread over one interval."""
