@@ -23,6 +23,7 @@ from seedq.transport import channel
 from seedq import config as config_lib
 from seedq.flags import config_flags
 from seedq.config import TrainConfig
+from seedq.process.exit_codes import UsageError
 from seedq import checkpoint
 from seedq.run_setup import PreparedRun, prepare
 from seedq.agents import make_agent
@@ -334,6 +335,12 @@ def _check_channel(config: TrainConfig, address: str, with_actors: bool) -> None
     """Exposure, credential files and TLS fail here, in one line, before JAX starts."""
     channel.check_exposure(config, address)
     config.server.check_address(address)
+    if with_actors and not address.startswith("unix:") and address.rsplit(":", 1)[-1] == "0":
+        # Local actors are started with the address before the learner binds
+        # it (they import while it compiles), so they cannot be told a free port.
+        raise UsageError(f"--address {address}: `seedq train`'s local actors need the port they dial, "
+                         "and port 0 is chosen when the learner starts; name a port, or run `seedq learner "
+                         f"--address {address}`, which prints the address it listens on")
     channel.server_credentials(config.tls)
     channel.server_interceptors(config.auth)
     if with_actors and config.tls.enabled:

@@ -140,6 +140,16 @@ def test_bad_overrides_fail_with_one_clear_line(args, expected):
 
 
 @pytest.mark.e2e
+def test_local_actors_refuse_a_port_the_learner_would_choose_when_it_starts(tmp_path):
+    result = seedq("train", "--address", "127.0.0.1:0", "--logdir", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2  # a usage error: the same command fails the same way again
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--address 127.0.0.1:0" in lines[0] and "seedq learner --address 127.0.0.1:0" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused before the run directory is claimed
+
+
+@pytest.mark.e2e
 def test_unknown_env_is_a_clear_error(tmp_path):
     result = seedq("train", "--env", "NoSuchEnv-v0", "--logdir", str(tmp_path / "x"), timeout=120)
     assert result.returncode != 0

@@ -79,6 +79,8 @@ class TrainConfig:
     return_window: int = 100
     logdir: str = ""  # default: runs/<agent>-<env>-<timestamp>
     # Address the learner listens on; default: a unix socket in the run dir.
+    # Port 0 (a free port, printed once bound) only without local actors
+    # (`seedq learner`): `seedq train` starts its actors with the address.
     address: str = ""
     # Serve a non-loopback TCP address with neither TLS nor a token (anyone
     # who reaches the port can feed training data); refused without it.
