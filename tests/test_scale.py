@@ -233,7 +233,7 @@ def test_4096_env_slots_are_all_served_within_the_memory_budget():
     result = ingress.run(load)
     every_key = {"frames_per_second", "messages_per_second", "rtt_p50_ms", "rtt_p99_ms", "slots_served",
                  "min_stream_frames_ratio", "learner_cpu_us_per_frame", "rss_bytes_per_slot",
-                 "generator_cpu_share"}
+                 "generator_cpu_share", "batching", "messages_per_batch"}
     assert every_key <= result.keys()
     assert set(result["learner_cpu_us_per_frame"]) == {"compute", "other"}
     assert all(value is not None for value in result["learner_cpu_us_per_frame"].values())

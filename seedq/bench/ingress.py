@@ -344,7 +344,7 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             _wait_for_rounds(learner, load.streams, WARM_ROUNDS)
             time.sleep(load.warmup_seconds)
             stats = learner.inference.stats
-            frames0, messages0 = learner.table.frames, stats.requests
+            frames0, messages0, batches0 = learner.table.frames, stats.requests, stats.batches
             ingress0, compute0 = ingress_cpu_seconds(learner), compute_cpu_seconds(learner, load.train)
             cpu0 = time.process_time()
             served0 = frames_by_process(learner)
@@ -359,6 +359,8 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             compute = compute_cpu_seconds(learner, load.train) - compute0
             by_process = [after - before for after, before in zip(frames_by_process(learner), served0)]
             frames, messages = learner.table.frames - frames0, stats.requests - messages0
+            batches = stats.batches - batches0
+            batching = learner.inference.batching.choice
             train_steps = learner.train_steps - train0
             rss_after = rss_bytes()
             results = [out.get(timeout=60) for _ in generators]
@@ -404,6 +406,10 @@ def run(load: IngressLoad, base=None, server=None, devices=None) -> dict:
             "other": (cpu - compute) / frames * 1e6 if frames else None,
         },
         "learner_cpu_us_per_message": cpu / messages * 1e6 if messages else None,
+        # The batcher's rule at the window's end (server.batching; auto's choice) and the
+        # messages each inference batch answered: what the CPU per frame depends on most.
+        "batching": batching,
+        "messages_per_batch": messages / batches if batches else None,
         # The learner's processes that served streams (server.ingress_processes), and each one's share of the frames.
         "ingress_processes": len(by_process),
         "ingress_frames_share": [n / sum(by_process) if sum(by_process) else 0.0 for n in by_process],

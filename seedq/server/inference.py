@@ -233,6 +233,11 @@ class InferenceServer:
 
     async def submit(self, entry: ActorEntry, steps: Steps) -> tuple[np.ndarray, int]:
         """Queues one actor's vector step; resolves to (actions [n, ...], policy version)."""
+        return await self.enqueue(entry, steps)
+
+    def enqueue(self, entry: ActorEntry, steps: Steps) -> asyncio.Future:
+        """`submit` without a coroutine: the future resolves as `submit` does
+        (the ingress hub answers from its callback, with no task per step)."""
         if self._closing:
             raise self._closing_error()
         future = asyncio.get_running_loop().create_future()
@@ -240,7 +245,7 @@ class InferenceServer:
         self._pending_steps += len(steps)
         self._awaited.discard(entry)
         self._has_work.set()
-        return await future
+        return future
 
     async def run(self) -> None:
         """The batch loop; runs until cancelled."""

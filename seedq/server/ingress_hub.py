@@ -13,12 +13,14 @@ without saying so.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import socket
 import time
 
 from seedq.server import ingress
+from seedq.server.errors import ServerClosing
 from seedq.wire.codec import Steps
 
 log = logging.getLogger("seedq.server")
@@ -57,7 +59,6 @@ class IngressHub:
         self.frames: list[int] = []
         self._writers: list[asyncio.StreamWriter] = []
         self._tasks: list[asyncio.Task] = []
-        self._answering: set[asyncio.Task] = set()  # held: the loop keeps only weak references
         self._open: dict[int, dict] = {}  # per process: handle -> env table entry
         self._stopping = False
 
@@ -101,7 +102,7 @@ class IngressHub:
 
     async def _wait_ready(self, index: int, reader) -> None:
         try:
-            message = await asyncio.wait_for(ingress.receive(reader), START_SECONDS)
+            message = await asyncio.wait_for(ingress.receive(reader, self._spec), START_SECONDS)
         except (asyncio.IncompleteReadError, ConnectionError):
             raise RuntimeError(f"ingress process {index} ended while starting "
                                f"(exit code {self._exit_code(index)})") from None
@@ -148,12 +149,10 @@ class IngressHub:
         entries = self._open[index]
         try:
             while True:
-                message = await ingress.receive(reader)
+                message = await ingress.receive(reader, self._spec)
                 kind = message[0]
                 if kind == "steps":
-                    task = asyncio.create_task(self._answer_steps(index, writer, entries, *message[1:]))
-                    self._answering.add(task)
-                    task.add_done_callback(self._answering.discard)
+                    self._take_steps(index, writer, entries, *message[1:])
                 elif kind == "connect":
                     self._connect(writer, entries, *message[1:])
                 elif kind == "release":
@@ -185,18 +184,28 @@ class IngressHub:
         ingress.send(writer, ("reply", request_id, True,
                               (handle, superseded.run_id if superseded is not None else None)))
 
-    async def _answer_steps(self, index: int, writer, entries: dict, request_id: int, handle: int,
-                            env_indices, rewards, terminated, truncated, observations) -> None:
+    def _take_steps(self, index: int, writer, entries: dict, request_id: int, handle: int, steps: Steps) -> None:
+        """Queues a step for the batcher; its future's callback answers it."""
         entry = entries.get(handle)
         try:
             if entry is None or entry.closed:
                 raise ingress.RunSuperseded()
-            actions, version = await self._inference.submit(
-                entry, Steps(env_indices, rewards, terminated, truncated, observations))
+            future = self._inference.enqueue(entry, steps)
         except Exception as e:  # noqa: BLE001 - answered to the stream, as the service would
-            reply = (False, ingress.error_reply(e))
-        else:
-            self.frames[index] += len(env_indices)
-            reply = (True, (actions, version))
+            self._answer_error(writer, request_id, e)
+            return
+        future.add_done_callback(functools.partial(self._answer_steps, index, writer, request_id, len(steps)))
+
+    def _answer_steps(self, index: int, writer, request_id: int, num_steps: int, future: asyncio.Future) -> None:
+        error = ServerClosing() if future.cancelled() else future.exception()
+        if error is not None:
+            self._answer_error(writer, request_id, error)
+            return
+        actions, version = future.result()
+        self.frames[index] += num_steps
         if not writer.is_closing():
-            ingress.send(writer, ("reply", request_id, *reply))
+            ingress.send_actions(writer, request_id, actions, version)
+
+    def _answer_error(self, writer, request_id: int, error: BaseException) -> None:
+        if not writer.is_closing():
+            ingress.send(writer, ("reply", request_id, False, ingress.error_reply(error)))
