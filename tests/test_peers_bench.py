@@ -2,6 +2,7 @@
 usage errors (the peers' own venvs and training runs are not needed here)."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -103,3 +104,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert (tmp_path / "full" / "results.csv").read_text() == "kept\n"
     assert not os.path.exists(os.path.join(os.path.dirname(SCRIPT), "venv"))
+
+
+@pytest.mark.e2e
+def test_keep_writes_a_copy_without_the_machines_paths_that_summary_reads_alike(peers, tmp_path):
+    run_dir, venv = tmp_path / "runs" / "cleanrl-0", tmp_path / "venvs" / "cleanrl"
+    run_dir.mkdir(parents=True)
+    rows = [{"wall_seconds": 60.0 * m, "agent_steps": 1000 * m, "episodes": m, "return_mean100": -21.0 + 0.1 * m,
+             "agent_steps_per_second": 16.7, "frames_per_second": 66.7, "cpu_seconds": 100.0 * m,
+             "cpu_cores": 1.67} for m in range(1, 61)]
+    peers.write_csv(str(run_dir / "curve.csv"), peers.CURVE_COLUMNS, rows)
+    command, _ = peers.peer_command("cleanrl", str(venv), 0, 1e9, str(run_dir))
+    meta = {"system": "cleanrl", "seed": 0, "seconds": 3600, "command": command, "host": "build-vm-17"}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+
+    assert run_script("keep", str(run_dir), str(tmp_path / "kept")).returncode == 0
+    kept_json = (tmp_path / "kept" / "run.json").read_text()
+    assert str(tmp_path) not in kept_json and "build-vm-17" not in kept_json
+    assert json.loads(kept_json)["command"][:2] == ["VENV/bin/python", "VENV/peer/ppo_atari_envpool.py"]
+    assert "OUT/episodes.csv" in json.loads(kept_json)["command"]
+    original, copy = run_script("summary", str(run_dir)), run_script("summary", str(tmp_path / "kept"))
+    assert original.returncode == copy.returncode == 0
+    # The same figures; only the run's name (the directory's) differs.
+    assert original.stdout.replace("cleanrl-0", "kept") == copy.stdout
+    refused = run_script("keep", str(run_dir), str(tmp_path / "kept"))
+    assert refused.returncode == 2 and "is not an empty directory" in refused.stderr

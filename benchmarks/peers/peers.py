@@ -5,6 +5,7 @@
     python benchmarks/peers/peers.py run seedq --seed S --seconds T --out RUN_DIR
     python benchmarks/peers/peers.py summary RUN_DIR [RUN_DIR ...]
     python benchmarks/peers/peers.py plot OUT.png RUN_DIR [RUN_DIR ...]
+    python benchmarks/peers/peers.py keep RUN_DIR DEST   # what docs/atari.md draws from
 
 Each peer gets its own venv outside this repository (`setup`), so none of its
 dependencies meets seedq's. `run` starts one training process, samples the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import gzip
 import json
 import os
 import platform
@@ -173,8 +175,9 @@ def run_summary(rows: list[dict], budget_seconds: float) -> dict:
 
 
 def read_csv(path: str) -> list[dict]:
-    """Rows as dicts of floats (None for an empty cell)."""
-    with open(path, newline="") as f:
+    """Rows as dicts of floats (None for an empty cell); `.gz` read as gzip."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
         return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()}
                 for row in csv.DictReader(f)]
 
@@ -401,12 +404,46 @@ def run(system: str, venv: str | None, seed: int, seconds: float, out: str, pyth
 
 
 def read_run(run_dir: str) -> tuple[dict, list[dict]]:
-    """A run directory's run.json and curve.csv rows."""
-    meta_path, curve_path = os.path.join(run_dir, "run.json"), os.path.join(run_dir, "curve.csv")
-    if not (os.path.exists(meta_path) and os.path.exists(curve_path)):
+    """A run directory's run.json and curve rows (curve.csv, or curve.csv.gz as `keep` writes it)."""
+    meta_path = os.path.join(run_dir, "run.json")
+    curve_path = next((p for p in (os.path.join(run_dir, n) for n in ("curve.csv", "curve.csv.gz"))
+                       if os.path.exists(p)), None)
+    if not os.path.exists(meta_path) or curve_path is None:
         raise UsageError(f"{run_dir}: not a run directory of peers.py run (no run.json and curve.csv)")
     with open(meta_path) as f:
         return json.load(f), read_csv(curve_path)
+
+
+def portable_meta(meta: dict, run_dir: str) -> dict:
+    """run.json without this machine's paths and name: the command's paths
+    become OUT (the run directory), VENV (a peer's venv), REPO (this
+    checkout) and `python`, so the kept copy can be committed."""
+    run_dir = os.path.abspath(run_dir)
+    command = list(meta["command"])
+    venv = os.path.dirname(os.path.dirname(command[0])) if meta["system"] != "seedq" else None
+    places = [(run_dir, "OUT"), (REPO, "REPO")] + ([(venv, "VENV")] if venv else [])
+
+    def portable(arg: str) -> str:
+        for path, name in places:
+            arg = arg.replace(path + os.sep, name + "/")
+        return arg
+
+    command = ["python" if meta["system"] == "seedq" else "VENV/bin/python"] + [portable(a) for a in command[1:]]
+    kept = {k: v for k, v in meta.items() if k != "host"}
+    kept["command"] = command
+    return kept
+
+
+def keep(run_dir: str, dest: str) -> None:
+    """DEST/run.json (portable_meta) and DEST/curve.csv.gz: what the docs draw from."""
+    meta, _ = read_run(run_dir)
+    dest = check_fresh_dir(dest, "DEST")
+    with open(os.path.join(dest, "run.json"), "w") as f:
+        json.dump(portable_meta(meta, run_dir), f, indent=2)
+    with open(os.path.join(run_dir, "curve.csv"), "rb") as src, \
+            gzip.GzipFile(os.path.join(dest, "curve.csv.gz"), "wb", mtime=0) as out:
+        shutil.copyfileobj(src, out)
+    print(dest)
 
 
 def summary(run_dirs: list[str]) -> None:
@@ -464,6 +501,9 @@ def parse_args(argv):
     p = sub.add_parser("plot", help="draw return against wall time and agent steps of run directories")
     p.add_argument("out", help="the image to write (.png, .svg or .pdf)")
     p.add_argument("run_dirs", nargs="+")
+    k = sub.add_parser("keep", help="a copy of a run's run.json and curve without this machine's paths, to commit")
+    k.add_argument("run_dir")
+    k.add_argument("dest", help="the directory to write: absent or empty")
     return parser.parse_args(argv)
 
 
@@ -476,6 +516,8 @@ def main(argv=None) -> None:
             run(args.system, args.venv, args.seed, args.seconds, args.out, args.python)
         elif args.command == "summary":
             summary(args.run_dirs)
+        elif args.command == "keep":
+            keep(args.run_dir, args.dest)
         else:
             plot(args.out, args.run_dirs)
     except UsageError as e:
