@@ -109,6 +109,7 @@ class ImpalaLearnerService(LearnerService):
     async def _push_unrolls(self, context, task) -> None:
         guard = StreamGuard(context, self.learner_run, ended_message=lambda reason: seed_pb2.UnrollAck(
             policy_version=self.current_version(), learner_run=self.learner_run, run_ended=reason))
+        entry = None
         async with guard:
             message = await self.read(context, task)
             if message is grpc.aio.EOF:
@@ -124,6 +125,8 @@ class ImpalaLearnerService(LearnerService):
                 raise RunEnded(self.run_ended)
             # Registered like a SEED actor: counts as connected (--min-actors).
             entry, _ = self.connect_actor(handshake)
+        if entry is None:  # the guard answered the handshake with the run's end (RunEnded): the stream ends OK
+            return
         guard.who = f"impala actor {entry.actor_id} run {entry.run_id}"
         log.info("impala actor %s connected: run %s, %d envs", entry.actor_id, entry.run_id, entry.num_envs)
         self.idle.rename(task, f"actor {entry.actor_id}")

@@ -121,6 +121,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
 
     async def _stream(self, context: grpc.aio.ServicerContext, task) -> None:
         guard = StreamGuard(context, self.learner_run)
+        entry = None
         async with guard:
             message = await self.read(context, task)
             if message is grpc.aio.EOF:
@@ -130,6 +131,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             if self.run_ended:  # an actor (re)connecting while the run's end is being told
                 raise RunEnded(self.run_ended)
             entry, superseded = await self.connect(handshake)
+        if entry is None:  # the guard answered the handshake with the run's end (RunEnded): the stream ends OK
+            return
         guard.who = f"actor {entry.actor_id} run {entry.run_id}"
         if superseded is not None:
             log.info("actor %s restarted (run %s -> %s)", entry.actor_id, superseded.run_id, entry.run_id)
