@@ -129,3 +129,5 @@ def test_keep_writes_a_copy_without_the_machines_paths_that_summary_reads_alike(
     assert original.stdout.replace("cleanrl-0", "kept") == copy.stdout
     refused = run_script("keep", str(run_dir), str(tmp_path / "kept"))
     assert refused.returncode == 2 and "is not an empty directory" in refused.stderr
+    again = run_script("keep", str(tmp_path / "kept"), str(tmp_path / "again"))
+    assert again.returncode == 2 and "a kept copy already" in again.stderr and len(again.stderr.splitlines()) == 1

@@ -115,11 +115,12 @@ def test_a_run_that_ends_tells_every_actor_and_they_exit_0(tmp_path):
         stopping.start()
         wait_until(lambda: health(address, channel.RUN_SERVICE) == "NOT_SERVING", "the health service to say so")
         # The learner serves on (for a while) until every open stream has heard.
+        # A client that connects now (an actor restarting) hears the end in answer to its handshake, then OK.
+        with grpc.insecure_channel(address) as late_channel:
+            late = seed_pb2_grpc.LearnerStub(late_channel).Stream(iter([codec.encode_handshake(
+                CARTPOLE, actor_id="late", run_id=uuid.uuid4().hex, num_envs=2, reads_run_ended=True)]), timeout=30)
+            assert [(r.WhichOneof("kind"), r.run_ended.stop_reason) for r in late] == [("run_ended", "target_return")]
         # A client that reads RunEnded gets it as its last message, then OK.
-        # One that connects now (an actor restarting) hears it in answer to its handshake, then OK.
-        late = seed_pb2_grpc.LearnerStub(grpc.insecure_channel(address)).Stream(iter([codec.encode_handshake(
-            CARTPOLE, actor_id="late", run_id=uuid.uuid4().hex, num_envs=2, reads_run_ended=True)]), timeout=30)
-        assert [(r.WhichOneof("kind"), r.run_ended.stop_reason) for r in late] == [("run_ended", "target_return")]
         reply = new_client()
         assert reply.WhichOneof("kind") == "run_ended" and reply.run_ended.stop_reason == "target_return"
         # One that does not (every client before the field) ends with UNAVAILABLE, as before.

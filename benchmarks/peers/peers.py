@@ -437,10 +437,13 @@ def portable_meta(meta: dict, run_dir: str) -> dict:
 def keep(run_dir: str, dest: str) -> None:
     """DEST/run.json (portable_meta) and DEST/curve.csv.gz: what the docs draw from."""
     meta, _ = read_run(run_dir)
+    source = os.path.join(run_dir, "curve.csv")
+    if not os.path.exists(source):
+        raise UsageError(f"{run_dir}: a kept copy already (curve.csv.gz); keep a run directory of peers.py run")
     dest = check_fresh_dir(dest, "DEST")
     with open(os.path.join(dest, "run.json"), "w") as f:
         json.dump(portable_meta(meta, run_dir), f, indent=2)
-    with open(os.path.join(run_dir, "curve.csv"), "rb") as src, \
+    with open(source, "rb") as src, \
             gzip.GzipFile(os.path.join(dest, "curve.csv.gz"), "wb", mtime=0) as out:
         shutil.copyfileobj(src, out)
     print(dest)
