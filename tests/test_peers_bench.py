@@ -86,6 +86,16 @@ def run_script(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.unit
+def test_seedq_flags_follow_the_defaults_command_word_by_word(peers):
+    base = peers.seedq_command("py", 1, 60.0, "OUT")
+    with_flags = peers.seedq_command("py", 1, 60.0, "OUT", ["--vtrace.entropy-cost", "0.003"])
+    assert with_flags == base + ["--vtrace.entropy-cost", "0.003"]
+    parsed = peers.parse_args(["run", "seedq", "--seed", "1", "--seconds", "60", "--out", "OUT",
+                               "--seedq-flags=--vtrace.normalize-advantages true --vtrace.entropy-cost 0.003"])
+    assert parsed.seedq_flags == ["--vtrace.normalize-advantages", "true", "--vtrace.entropy-cost", "0.003"]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("args, says", [
     (("run", "sbx", "--seed", "0", "--seconds", "60", "--out", "{tmp}/out"), "needs --venv"),
@@ -95,6 +105,8 @@ def run_script(*args):
     (("run", "seedq", "--seed", "0", "--seconds", "5", "--out", "{tmp}/full"), "is not an empty directory"),
     (("setup", "sbx", "--venv", os.path.join(os.path.dirname(SCRIPT), "venv")), "inside the seedq repository"),
     (("summary", "{tmp}"), "not a run directory"),
+    (("run", "cleanrl", "--venv", "{tmp}/nothing", "--seed", "0", "--seconds", "60", "--out", "{tmp}/out",
+      "--seedq-flags=--vtrace.entropy-cost 0"), "is for `run seedq`"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     (tmp_path / "full").mkdir()

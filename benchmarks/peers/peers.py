@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -270,12 +272,13 @@ def peer_command(peer: str, venv: str, seed: int, deadline: float, out: str) -> 
     raise ValueError(peer)
 
 
-def seedq_command(python: str, seed: int, seconds: float, out: str) -> list[str]:
+def seedq_command(python: str, seed: int, seconds: float, out: str, flags: Sequence[str] = ()) -> list[str]:
     """seedq's defaults but the stop and the greedy evaluation after it (the
-    peers run none either; it would outlast the deadline's grace on a slow machine)."""
+    peers run none either; it would outlast the deadline's grace on a slow
+    machine), then `flags` (a candidate default measured the same way)."""
     return [python, "-m", "seedq", "train", "--env", ENV_ID, "--seed", str(seed),
             "--max-seconds", str(seconds), "--target-return", "none", "--eval-episodes", "0",
-            "--logdir", os.path.join(out, "seedq")]
+            "--logdir", os.path.join(out, "seedq"), *flags]
 
 
 def tree_cpu_seconds(proc) -> float:
@@ -368,13 +371,16 @@ def collected_points(system: str, out: str, watch, launched: float) -> tuple[lis
     return points, {"seedq_clock_offset_seconds": round(started - launched, 3)}
 
 
-def run(system: str, venv: str | None, seed: int, seconds: float, out: str, python: str) -> None:
+def run(system: str, venv: str | None, seed: int, seconds: float, out: str, python: str,
+        seedq_flags: Sequence[str] = ()) -> None:
+    if seedq_flags and system != "seedq":
+        raise UsageError(f"--seedq-flags is for `run seedq`, not {system}")
     venv = check_run_args(system, venv, seconds)
     out = check_fresh_dir(out, "--out")
     launched = time.time()
     deadline = launched + seconds
     if system == "seedq":
-        cmd, env = seedq_command(python, seed, seconds, out), {"PYTHONPATH": REPO}
+        cmd, env = seedq_command(python, seed, seconds, out, seedq_flags), {"PYTHONPATH": REPO}
         watch = SeedqStart(os.path.join(out, "seedq", "curves.csv"))
     else:
         (cmd, env), watch = peer_command(system, venv, seed, deadline, out), None
@@ -499,6 +505,8 @@ def parse_args(argv):
     r.add_argument("--seconds", type=float, required=True, help="wall-clock budget from launch")
     r.add_argument("--out", required=True, help="the run directory: absent or empty")
     r.add_argument("--python", default=sys.executable, help="the interpreter seedq runs with")
+    r.add_argument("--seedq-flags", default="", type=shlex.split,
+                   help="more `seedq train` flags, one quoted string (a candidate default against the defaults)")
     m = sub.add_parser("summary", help="a markdown table of the figures of run directories")
     m.add_argument("run_dirs", nargs="+")
     p = sub.add_parser("plot", help="draw return against wall time and agent steps of run directories")
@@ -516,7 +524,7 @@ def main(argv=None) -> None:
         if args.command == "setup":
             setup(args.peer, args.venv, args.python)
         elif args.command == "run":
-            run(args.system, args.venv, args.seed, args.seconds, args.out, args.python)
+            run(args.system, args.venv, args.seed, args.seconds, args.out, args.python, args.seedq_flags)
         elif args.command == "summary":
             summary(args.run_dirs)
         elif args.command == "keep":
