@@ -313,7 +313,6 @@ def _update_main(process: int, port: int) -> None:
 
     from seedq import distributed
     from seedq.agents import make_agent
-    from seedq.config import R2D2Config
     from seedq.devices import data_parallel, global_training_devices, local_copy
     from seedq.process import jax_setup
     from seedq.schema import EnvSpec
@@ -322,13 +321,13 @@ def _update_main(process: int, port: int) -> None:
     group = distributed.initialize(DistributedConfig(
         coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=process, initialization_timeout_seconds=120))
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_devices import _max_diff, _random_batch
+    from test_devices import _max_diff, _random_batch, parity_config
 
     spec = EnvSpec("float32", (4,), num_actions=2)  # CartPole's
     out = {}
     for agent_name in ("vtrace", "r2d2"):
-        config = TrainConfig(agent=agent_name, r2d2=R2D2Config(target_update_period=1),
-                             distributed=DistributedConfig(coordinator="x:1", num_processes=2, process_id=process))
+        config = parity_config(agent_name, distributed=DistributedConfig(
+            coordinator="x:1", num_processes=2, process_id=process))
         _, batch_size = config.training_batch
         agent = make_agent(config, spec)
         initial = jax.jit(agent.init)(jax.random.PRNGKey(0))
