@@ -476,7 +476,9 @@ def plot(out: str, run_dirs: list[str]) -> None:
     by_time, by_steps = fig.subplots(1, 2)
     for d in run_dirs:
         meta, rows = read_run(d)
-        label = f"{meta['system']} seed {meta['seed']}"
+        # The directory's name, as summary's `run` column: two runs of one system and
+        # seed (a candidate setting against the defaults) stay apart.
+        label = os.path.basename(os.path.normpath(d))
         by_time.plot([r["wall_seconds"] / 60 for r in rows], [r["return_mean100"] for r in rows], label=label)
         by_steps.plot([r["agent_steps"] for r in rows], [r["return_mean100"] for r in rows], label=label)
     by_time.set_xlabel("wall minutes since launch")
